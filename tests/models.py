@@ -1,0 +1,103 @@
+"""Small ONNX models built with ``onnx.helper`` for the test-suite.
+
+``small_cnn`` imitates an old (PyTorch 1.x era) exporter on purpose:
+
+* every node has an EMPTY name, so tools must fall back to tensor names
+  (``conv1_out``, ``bn1_out``, ``relu1_out``, ...);
+* every weight is BOTH a graph input (with its type and shape) and an
+  initializer of the same name. The only "real" input is ``image``.
+
+This module is a helper, not a test file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 13
+
+
+class _CnnBuilder:
+    """Collects unnamed nodes and weights (stored as initializer + input)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.weights: list[onnx.TensorProto] = []
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        """Register a float32 weight; returns its name."""
+        self.weights.append(numpy_helper.from_array(array.astype(np.float32), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        """Append a node with an empty name; returns ``output``."""
+        self.nodes.append(helper.make_node(op, inputs, [output], name="", **attrs))
+        return output
+
+    def conv(self, x: str, name: str, c_in: int, c_out: int) -> str:
+        """3x3 convolution, stride 1, padding 1, with bias."""
+        fan_in = c_in * 9
+        w = self.weight(f"{name}.weight",
+                        self.rng.standard_normal((c_out, c_in, 3, 3)) / np.sqrt(fan_in))
+        b = self.weight(f"{name}.bias", 0.1 * self.rng.standard_normal(c_out))
+        return self.node("Conv", [x, w, b], f"{name}_out", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1], strides=[1, 1])
+
+    def batch_norm(self, x: str, name: str, channels: int) -> str:
+        """Inference BatchNormalization with non-trivial seeded statistics."""
+        r = self.rng
+        params = [self.weight(f"{name}.weight", r.uniform(0.5, 1.5, channels)),
+                  self.weight(f"{name}.bias", 0.1 * r.standard_normal(channels)),
+                  self.weight(f"{name}.running_mean", 0.1 * r.standard_normal(channels)),
+                  self.weight(f"{name}.running_var", r.uniform(0.5, 2.0, channels))]
+        return self.node("BatchNormalization", [x, *params], f"{name}_out", epsilon=1e-5)
+
+
+def small_cnn(seed=0, batch=1, channels=8, image=16, num_classes=10) -> onnx.ModelProto:
+    """Conv-BN-ReLU stem, one residual block, pooling and a Gemm classifier.
+
+    Input ``image`` float32 [batch, 3, image, image]; output ``logits``
+    float32 [batch, num_classes]. All node names are empty and all weights
+    are listed in ``graph.input`` as well as in ``graph.initializer``.
+    """
+    g = _CnnBuilder(seed)
+    c = channels
+    x = g.node("Relu", [g.batch_norm(g.conv("image", "conv1", 3, c), "bn1", c)], "relu1_out")
+    y = g.node("Relu", [g.batch_norm(g.conv(x, "conv2", c, c), "bn2", c)], "relu2_out")
+    y = g.batch_norm(g.conv(y, "conv3", c, c), "bn3", c)
+    y = g.node("Relu", [g.node("Add", [y, x], "add_out")], "relu3_out")
+    y = g.node("MaxPool", [y], "maxpool_out", kernel_shape=[2, 2], strides=[2, 2])
+    y = g.node("GlobalAveragePool", [y], "gap_out")
+    y = g.node("Flatten", [y], "flatten_out", axis=1)
+    w = g.weight("fc.weight", g.rng.standard_normal((num_classes, c)) / np.sqrt(c))
+    b = g.weight("fc.bias", 0.1 * g.rng.standard_normal(num_classes))
+    g.node("Gemm", [y, w, b], "logits", transB=1)
+
+    inputs = [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                            [batch, 3, image, image])]
+    inputs += [helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims))
+               for t in g.weights]
+    graph = helper.make_graph(
+        g.nodes, "small_cnn", inputs,
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, num_classes])],
+        initializer=g.weights)
+    model = helper.make_model(graph, producer_name="tests.models",
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 7
+    return model
+
+
+def cnn_inputs(model, seed=0) -> dict[str, np.ndarray]:
+    """Seeded float32 values for the model's real (non-initializer) inputs."""
+    weights = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    out = {}
+    for inp in model.graph.input:
+        if inp.name in weights:
+            continue
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        out[inp.name] = rng.standard_normal(shape, dtype=np.float32)
+    return out

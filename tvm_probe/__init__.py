@@ -1,0 +1,41 @@
+"""tvm_probe: read any intermediate tensor of a TVM-compiled model by its source name.
+
+    from tvm_probe import Probe, demo
+    probe = Probe.from_onnx(demo.tiny_bert(), target="llvm", pipeline="fused")
+    probe.run(demo.demo_inputs(probe_model))
+    probe.get("layer_._0/attention/self/MatMul")
+
+Importing this package imports neither TVM nor onnx; reading a dump needs numpy alone.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402  (version first: the dump writer records it)
+    AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, ModelError,
+    NameLookupError, NotCapturedError, NotRunError, PipelineError, ProbeError, TVMBehaviourChanged,
+    UnknownNameError, UnsupportedOpError, ValueUnavailableError,
+)
+
+__all__ = [
+    "Probe", "load_dump", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
+    "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
+    "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
+    "TVMBehaviourChanged", "__version__",
+]
+
+
+def __getattr__(name):  # lazy: keep `import tvm_probe` light
+    if name == "Probe":
+        from .probe import Probe
+
+        return Probe
+    if name == "load_dump":
+        from .store.dump import load_dump
+
+        return load_dump
+    if name == "demo":
+        import importlib
+
+        return importlib.import_module(".demo", __name__)
+    raise AttributeError(f"module 'tvm_probe' has no attribute {name!r}")

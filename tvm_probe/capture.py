@@ -1,0 +1,158 @@
+"""Run stage: the debug executor.
+
+One run of the deployed executable in TVM's Relax VM with an instrument attached.  The VM calls
+the instrument before and after every Call instruction::
+
+    instrument(func, symbol, before_run, ret_value, *args)
+        ├─ symbol "vm.builtin.*" except the reshape view → ignored (allocation, shape checks)
+        ├─ before_run=True   → start the clock; copy arguments that no earlier node produced
+        │                      (only for sites whose interior values are wanted)
+        └─ before_run=False  → stop the clock; copy the outputs at once — memory planning
+                               reuses buffers, so later is too late.  Kernels use
+                               destination passing (inputs first, outputs last); a reshape
+                               view returns its output as ``ret_value``.
+
+Kernel calls are matched to call sites by ``(symbol, occurrence)``, counted the same way as in
+:mod:`tvm_probe.kernel_map`; a run that does not call exactly the expected sites raises
+:class:`~tvm_probe.errors.TVMBehaviourChanged`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import TVMBehaviourChanged
+from .kernel_map import VIEW_SYMBOL, KernelMap
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What one run copies.  ``outputs=None`` means every node's outputs."""
+
+    outputs: frozenset[int] | None = None
+    untracked_inputs: frozenset[int] = frozenset()
+
+    def wants_output(self, node: int) -> bool:
+        return self.outputs is None or node in self.outputs
+
+
+@dataclass
+class Capture:
+    """What one run produced: copied node outputs, per-node time, the model's outputs."""
+
+    inputs: list[np.ndarray]
+    outputs: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    untracked_inputs: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    start_us: dict[int, float] = field(default_factory=dict)
+    time_us: dict[int, float] = field(default_factory=dict)
+    result: list[np.ndarray] = field(default_factory=list)
+    total_us: float = 0.0
+
+
+def _to_numpy_list(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    return [a for item in value for a in _to_numpy_list(item)]
+
+
+class DebugExecutor:
+    """Runs a built model once per :meth:`run`, capturing what a :class:`CapturePlan` asks for.
+
+    The executable is the one the user deploys; the executor only attaches an instrument.
+    """
+
+    def __init__(self, built, kernel_map: KernelMap):
+        from tvm import relax
+
+        self._km = kernel_map
+        self._device = built.device
+        self.vm = relax.VirtualMachine(built.executable, self._device)
+
+    def to_device(self, arrays: list[np.ndarray]):
+        import tvm
+
+        return [tvm.runtime.tensor(a, self._device) for a in arrays]
+
+    def run_plain(self, device_inputs):
+        """One run with no instrument (what the deployed module does)."""
+        self.vm.set_instrument(_continue)
+        return self.vm["main"](*device_inputs)
+
+    def run(self, inputs: list[np.ndarray], plan: CapturePlan) -> Capture:
+        """Run once with the instrument; return what ``plan`` asked to copy."""
+        capture = Capture(inputs=inputs)
+        device_inputs = self.to_device(inputs)
+        calls = self._instrument(capture, plan)
+        t0 = time.perf_counter()
+        self.vm.set_instrument(calls.hook)
+        try:
+            result = self.vm["main"](*device_inputs)
+        finally:
+            self.vm.set_instrument(_continue)
+        capture.total_us = (time.perf_counter() - t0) * 1e6
+        capture.result = _to_numpy_list(result)
+        calls.check_complete()
+        return capture
+
+    def _instrument(self, capture: Capture, plan: CapturePlan) -> "_Calls":
+        return _Calls(self._km, capture, plan)
+
+
+def _continue(*_args) -> int:
+    return 0
+
+
+class _Calls:
+    """State of one instrumented run (occurrence counters, clock)."""
+
+    def __init__(self, km: KernelMap, capture: Capture, plan: CapturePlan):
+        self.km, self.capture, self.plan = km, capture, plan
+        self.seen: dict[str, int] = {}
+        self.called: set[int] = set()
+        self.t_start = time.perf_counter()
+        self.t_call = 0.0
+        self.unexpected: list[str] = []
+
+    def hook(self, func, symbol, before_run, ret_value, *args):
+        symbol = str(symbol)
+        if symbol.startswith("vm.builtin.") and symbol != VIEW_SYMBOL:
+            return 0
+        if before_run:
+            occurrence = self.seen.get(symbol, 0)
+            self.seen[symbol] = occurrence + 1
+            site = self.km.site_for(symbol, occurrence)
+            if site is None:
+                if symbol != VIEW_SYMBOL:
+                    self.unexpected.append(f"{symbol}#{occurrence}")
+                return 0
+            if site.index in self.plan.untracked_inputs:
+                self.capture.untracked_inputs[site.index] = {
+                    j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == "untracked"}
+            self.t_call = time.perf_counter()
+            return 0
+        occurrence = self.seen.get(symbol, 1) - 1
+        site = self.km.site_for(symbol, occurrence)
+        if site is None:
+            return 0
+        t_end = time.perf_counter()
+        self.capture.time_us[site.index] = (t_end - self.t_call) * 1e6
+        self.capture.start_us[site.index] = (self.t_call - self.t_start) * 1e6
+        self.called.add(site.index)
+        if self.plan.wants_output(site.index):
+            if site.is_view:
+                self.capture.outputs[site.index] = [ret_value.numpy()]
+            else:
+                outs = args[site.num_inputs: site.num_inputs + site.num_outputs]
+                self.capture.outputs[site.index] = [o.numpy() for o in outs]
+        return 0
+
+    def check_complete(self) -> None:
+        missing = [s for s in self.km.sites if s.index not in self.called and not s.is_view]
+        if self.unexpected or missing:
+            raise TVMBehaviourChanged(
+                "the VM's kernel calls differ from the compiled module's call sites "
+                f"(unexpected: {self.unexpected[:5]}, never called: "
+                f"{[f'{s.symbol}#{s.occurrence}' for s in missing[:5]]}); "
+                "this TVM version behaves differently from the ones tvm_probe supports")

@@ -1,0 +1,96 @@
+"""The error types of tvm_probe.
+
+Two families, kept apart on purpose:
+
+* :class:`ProbeError` and its subclasses are *user* errors: a bad model file, bad inputs, an
+  unknown name, a damaged dump.  Each message is one line that names the problem and says what
+  to do; the CLI prints it without a traceback and exits with status 2.
+* :class:`TVMBehaviourChanged` is *our* problem: TVM did something this version of tvm_probe
+  does not understand (usually after a TVM upgrade).  It is not a ProbeError, so it is never
+  mistaken for a user mistake.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class ProbeError(Exception):
+    """Base class of every user-facing error; ``str(err)`` is one line."""
+
+
+class ModelError(ProbeError):
+    """The model file is missing, unreadable or not a model tvm_probe can import."""
+
+
+class UnsupportedOpError(ModelError):
+    """TVM's importer cannot convert a node of the model."""
+
+
+class PipelineError(ProbeError):
+    """The requested compilation pipeline or target is not usable."""
+
+
+class InputError(ProbeError):
+    """The inputs given to :meth:`Probe.run` do not match the model's inputs."""
+
+
+class NameLookupError(ProbeError, KeyError):
+    """A name does not resolve to exactly one source value."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownNameError(NameLookupError):
+    """No source value has this name."""
+
+
+class AmbiguousNameError(NameLookupError):
+    """Several source values match this name."""
+
+
+class NotRunError(ProbeError):
+    """A value was asked for before :meth:`Probe.run`."""
+
+
+class NotCapturedError(ProbeError):
+    """A value was asked for that the run's ``capture=`` selection left out."""
+
+
+class ValueUnavailableError(ProbeError):
+    """The compiled module never computes this value (e.g. dead code)."""
+
+
+class DumpError(ProbeError):
+    """A dump folder cannot be written or read."""
+
+
+class DumpExistsError(DumpError):
+    """The target dump folder exists and overwriting was not asked for."""
+
+
+class CorruptDumpError(DumpError):
+    """A dump file is missing, truncated or was edited after it was written."""
+
+
+class TVMBehaviourChanged(RuntimeError):
+    """TVM behaved in a way this tvm_probe version does not understand (a bug, not a user error)."""
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The candidates most similar to ``name``, best first (for 'did you mean' hints)."""
+    candidates = list(candidates)
+    hits = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    if len(hits) < n:  # long scoped names: compare last components too
+        tail = name.rsplit("/", 1)[-1]
+        extra = [c for c in candidates if c.rsplit("/", 1)[-1] == tail and c not in hits]
+        hits += extra[: n - len(hits)]
+    return hits
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """First non-empty line of ``text``, shortened: TVM messages carry tracebacks."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,273 @@
+"""Import an ONNX model into Relax, tagging every runtime value with its source tensor.
+
+TVM's ONNX frontend attaches no source names, and hand-set spans do not survive legalization.
+What does survive is *Var identity*.  So we subclass TVM's importer and change two things:
+
+* every converted node's result is emitted into its own binding (a Var) — normalisation would
+  bind it anyway when it is used, so the ops are unchanged;
+* the importer's ``tensor name → expression`` table records what each ONNX tensor became.
+
+Afterwards every ONNX tensor is one of: a graph input, a weight, a constant folded at import
+time, or a Relax Var computed at run time.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from ..errors import ModelError, UnsupportedOpError, one_line
+from ..sources import Kind, SourceMap, SourceValue
+from .model import ImportedModel, InputSpec
+
+ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821
+
+
+def load_onnx(model: ModelLike):
+    """Return an ``onnx.ModelProto`` from a path or a model, with a clear error for bad files."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelError(
+            f"cannot import a {type(model).__name__}: pass an onnx.ModelProto or a path to a .onnx file")
+    path = Path(model)
+    if not path.exists():
+        raise ModelError(f"model file '{path}' does not exist: check the path")
+    if not path.is_file():
+        raise ModelError(f"model path '{path}' is not a file: give the path of a .onnx file")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as err:  # protobuf raises DecodeError, onnx raises others
+        raise ModelError(f"'{path}' is not an ONNX model ({one_line(err)}): give a .onnx file") from None
+    if not proto.ir_version or not proto.graph.output:
+        raise ModelError(f"'{path}' is not an ONNX model (no IR version or no graph outputs): give a .onnx file")
+    return proto
+
+
+def model_hash(proto) -> str:
+    """sha256 of the serialized model, to tie dumps to the model they came from."""
+    return hashlib.sha256(proto.SerializeToString()).hexdigest()
+
+
+def import_onnx(model: ModelLike, shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+    """Import an ONNX model with every runtime value tagged by its source tensor name.
+
+    Args:
+        model: an ``onnx.ModelProto`` or a path to a ``.onnx`` file.
+        shapes: static shapes for inputs whose declared shape has symbolic dimensions.
+
+    Raises:
+        ModelError: the file is missing or not ONNX; UnsupportedOpError: TVM cannot convert a node.
+    """
+    proto = load_onnx(model)
+    _check_ops_supported(proto.graph)
+    importer = _make_importer(shapes or {})
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # the onnx checker's opinions; we report real failures
+        try:
+            mod = importer.from_onnx(proto.graph, _opset_of(proto))
+        except UnsupportedOpError:
+            raise
+        except Exception as err:
+            raise ModelError(f"TVM's ONNX importer failed: {one_line(err)}") from None
+    return _collect(proto, mod, importer)
+
+
+def _opset_of(proto) -> int:
+    for ident in proto.opset_import:
+        if ident.domain in ("", "ai.onnx"):
+            return ident.version
+    return 1
+
+
+def _node_label(node) -> str:
+    """How errors name a node: its name, else its first output tensor."""
+    if node.name:
+        return f"'{node.name}'"
+    return f"producing '{node.output[0]}'" if node.output else "(unnamed, no outputs)"
+
+
+def _check_ops_supported(graph) -> None:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"If", "Constant"}
+    bad = [n for n in graph.node if n.op_type not in known]
+    if bad:
+        others = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UnsupportedOpError(
+            f"node {_node_label(bad[0])} has op type {bad[0].op_type}, which TVM's ONNX importer "
+            f"cannot convert{others}: replace the op in the model or register a converter")
+
+
+def _sanitize(name: str) -> str:
+    tail = "_".join(name.strip("/").split("/")[-2:]) or "v"
+    tail = re.sub(r"\W", "_", tail)
+    return tail if not tail[0].isdigit() else "v" + tail
+
+
+def _make_importer(shapes):
+    """An instance of TVM's ONNX importer that records what each tensor becomes."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    leaf_types = (relax.Var, relax.ShapeExpr, relax.GlobalVar)
+
+    class _RecordingDict(dict):
+        def __init__(self):
+            super().__init__()
+            self.history: dict[str, object] = {}
+
+        def __setitem__(self, key, value):
+            self.history[key] = value
+            super().__setitem__(key, value)
+
+    class _TaggingImporter(ONNXGraphImporter):
+        def __init__(self):
+            super().__init__(shapes, "float32")
+            self._nodes = _RecordingDict()
+            self.current_node = None
+
+        def _parse_value_proto(self, value_proto):
+            # Called once per node just before it is converted: remember which node it is.
+            if hasattr(value_proto, "op_type"):
+                self.current_node = value_proto
+            return super()._parse_value_proto(value_proto)
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            node = self.current_node
+            try:
+                sym = super()._convert_operator(op_name, inputs, attrs, opset)
+            except Exception as err:
+                raise UnsupportedOpError(
+                    f"TVM's ONNX importer failed on node {_node_label(node)} (op {op_name}): "
+                    f"{one_line(err)}") from None
+            hint = _sanitize(node.name or (node.output[0] if node.output else op_name))
+            return self._bind(sym, hint)
+
+        def _bind(self, sym, hint):
+            if isinstance(sym, relax.Tuple):
+                return relax.Tuple([self._bind(f, f"{hint}_{i}") for i, f in enumerate(sym.fields)])
+            if isinstance(sym, leaf_types) or _is_const(sym) or not isinstance(sym, relax.Expr):
+                return sym
+            return self.bb.emit(sym, name_hint=hint)
+
+    return _TaggingImporter()
+
+
+def _is_const(expr) -> bool:
+    import tvm
+
+    return isinstance(expr, tvm.ir.expr.GenericConst) or type(expr).__name__ in ("PrimValue", "StringImm")
+
+
+def _const_value(expr) -> np.ndarray | None:
+    """numpy value of an import-time constant expression, or None when it has none."""
+    from tvm import relax
+
+    if isinstance(expr, relax.ShapeExpr):
+        try:
+            return np.array([int(v) for v in expr.values], dtype=np.int64)
+        except TypeError:  # symbolic dimension
+            return None
+    value = getattr(expr, "value", None)
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    if isinstance(value, (int, float, bool)):
+        return np.array(value)
+    return None
+
+
+def _tensor_info(expr) -> tuple[tuple[int, ...] | None, str | None]:
+    ty = getattr(expr, "ty", None)
+    shape = getattr(ty, "shape", None)
+    try:
+        dims = tuple(int(v) for v in shape.values) if shape is not None else None
+    except (TypeError, AttributeError):
+        dims = None
+    dtype = getattr(ty, "dtype", None)
+    return dims, (str(dtype) if dtype is not None and str(dtype) else None)
+
+
+def _collect(proto, mod, importer) -> ImportedModel:
+    """Turn the importer's record into a SourceMap, var tags and constants."""
+    from onnx import numpy_helper
+    from tvm import relax
+
+    graph = proto.graph
+    record = importer._nodes.history
+    sources = SourceMap()
+    constants: dict[str, np.ndarray] = {}
+    var_keys: dict = {}
+    params = list(mod["main"].params)
+
+    initializers = {t.name: t for t in graph.initializer}
+    for name, tensor in initializers.items():
+        value = numpy_helper.to_array(tensor)
+        constants[name] = value
+        sources.add(SourceValue(key=name, op_type="Initializer", kind=Kind.PARAM,
+                                shape=value.shape, dtype=str(value.dtype)))
+    inputs = []
+    for vi in graph.input:
+        if vi.name in initializers:
+            continue  # older exporters list weights as inputs too; they are weights
+        expr = record.get(vi.name)
+        shape, dtype = _tensor_info(expr)
+        if shape is None:
+            raise ModelError(
+                f"input '{vi.name}' has no static shape: pass shapes={{'{vi.name}': (...)}}")
+        sources.add(SourceValue(key=vi.name, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
+        sources.model_inputs.append(vi.name)
+        inputs.append(InputSpec(vi.name, shape, dtype))
+        var_keys.setdefault(expr, []).append(vi.name)
+
+    for topo, node in enumerate(graph.node):
+        outs = [o for o in node.output]
+        for k, out in enumerate(outs):
+            if not out or out not in record:
+                continue
+            expr = record[out]
+            value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
+                                num_outputs=len(outs), topo_index=topo,
+                                inputs=tuple(i for i in node.input if i))
+            if isinstance(expr, relax.Var):
+                value.kind = Kind.VALUE
+                value.shape, value.dtype = _tensor_info(expr)
+                var_keys.setdefault(expr, []).append(out)
+            else:
+                const = _const_value(expr)
+                if const is None:
+                    continue  # e.g. an empty optional: nothing a user can read
+                value.kind = Kind.CONSTANT
+                value.shape, value.dtype = const.shape, str(const.dtype)
+                constants[out] = const
+            sources.add(value)
+    _follow_aliases(mod, var_keys)
+    sources.model_outputs = [o.name for o in graph.output]
+    # main's parameters come in graph-input order; the InputSpec list follows them.
+    order = {p: i for i, p in enumerate(params)}
+    inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
+    return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
+                         inputs=inputs, model_hash=model_hash(proto))
+
+
+def _follow_aliases(mod, var_keys: dict) -> None:
+    """Give ``b``'s names to ``a`` for every ``a = b`` binding (e.g. the function's output var).
+
+    Passes such as CanonicalizeBindings keep only one of the two Vars; either must answer.
+    """
+    from tvm import relax
+
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = getattr(binding, "value", None)
+            if isinstance(value, relax.Var) and value in var_keys:
+                var_keys.setdefault(binding.var, []).extend(var_keys[value])

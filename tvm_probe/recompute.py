@@ -1,0 +1,117 @@
+"""Recompute stage: values the deployed module never materialises.
+
+* **Fused-away values** live only inside a fused kernel.  The grouped (pre-FuseTIR) function of
+  that call site is *cut*: a copy whose body is unchanged but which returns every tensor it
+  binds.  The cut is compiled on its own, once per grouped function (sites that share a function
+  share the build), and fed the inputs that call site received in the captured run.  The main
+  executable is never touched.
+* **Folded values** were turned into constants by the pipeline's ``FoldConstant``.  The slice of
+  the imported ``main`` that computes one is compiled with no parameters and run — the same
+  legalized kernels FoldConstant evaluates.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .build import device_for
+from .errors import ProbeError, one_line
+from .kernel_map import CallSite
+
+
+class Recomputer:
+    """Builds and caches cut modules; see the module docstring."""
+
+    def __init__(self, target):
+        self._target = target
+        self._cuts: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+
+    def interior_values(self, site: CallSite, site_inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Every interior source value of ``site``, from the inputs the site received."""
+        group = site.group
+        vm, returned = self._cut(group)
+        feed = []
+        for i, pos in enumerate(group.param_args):
+            if pos is not None:
+                feed.append(site_inputs[pos])
+            else:
+                feed.append(group.param_consts[i].value.numpy())
+        import tvm
+
+        dev = device_for(self._target)
+        results = vm["main"](*[tvm.runtime.tensor(a, dev) for a in feed])
+        values = dict(zip(returned, (r.numpy() for r in results)))
+        out = {}
+        for var, keys in group.interior:
+            for key in keys:
+                out[key] = values[var]
+        return out
+
+    def _cut(self, group):
+        with self._lock:
+            if group.name not in self._cuts:
+                self._cuts[group.name] = self._build_cut(group)
+            return self._cuts[group.name]
+
+    def _build_cut(self, group):
+        import tvm
+        from tvm import relax
+
+        func = group.function
+        block = func.body.blocks[0]
+        tensors = [b.var for b in block.bindings if isinstance(b.var.ty, relax.TensorType)]
+        outs = [relax.Var(f"out{i}", v.ty) for i, v in enumerate(tensors)]
+        bindings = list(block.bindings) + [relax.VarBinding(o, v) for o, v in zip(outs, tensors)]
+        body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))
+        cut = relax.Function(list(func.params), body, relax.TupleType([v.ty for v in tensors]))
+        mod = tvm.IRModule({"main": cut})
+        for gvar, f in group.prim_funcs.items():
+            mod[gvar] = f
+        try:
+            ex = tvm.compile(mod, self._target)
+        except Exception as err:
+            raise ProbeError(f"cannot recompute values inside kernel {group.name}: {one_line(err)}") from None
+        return relax.VirtualMachine(ex, device_for(self._target)), tensors
+
+
+def _slice(main, var):
+    """The bindings of ``main`` that compute ``var``, in order; None if it needs a parameter."""
+    from tvm import relax
+
+    bound = {b.var: (i, b) for i, b in enumerate(b for blk in main.body.blocks for b in blk.bindings)}
+    params = set(main.params)
+    needed, stack, seen = [], [var], set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in params or v not in bound:
+            return None
+        needed.append(bound[v])
+        stack.extend(relax.analysis.free_vars(bound[v][1].value))
+    return [b for _, b in sorted(needed, key=lambda ib: ib[0])]
+
+
+def depends_on_params(main, var) -> bool:
+    """True when computing ``var`` needs a model input (so it cannot have been folded)."""
+    return _slice(main, var) is None
+
+
+def evaluate_folded(main, var, target) -> np.ndarray:
+    """Value of a Var that the pipeline's ``FoldConstant`` turned into a constant."""
+    import tvm
+    from tvm import relax
+
+    needed = _slice(main, var)
+    out = relax.Var("folded", var.ty)
+    body = relax.SeqExpr([relax.DataflowBlock(needed + [relax.VarBinding(out, var)])], out)
+    mod = tvm.IRModule({"main": relax.Function([], body, var.ty)})
+    try:
+        ex = tvm.compile(mod, target)
+    except Exception as err:
+        raise ProbeError(f"cannot re-evaluate a folded constant: {one_line(err)}") from None
+    vm = relax.VirtualMachine(ex, device_for(target))
+    return vm["main"]().numpy()

@@ -1,0 +1,127 @@
+"""The read API shared by a live :class:`~tvm_probe.Probe` and a dump read back from disk.
+
+Both hold the same plain data — source values, graph nodes, captured tensors — and answer
+``get(name)``, ``get_all(pattern)``, ``get_node_output(i)``, ``sources`` and ``nodes`` the
+same way.  Subclasses implement only :meth:`Results._value` and :meth:`Results._node_output`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ProbeError
+from .names import NameIndex
+from .sources import SourceMap
+
+
+@dataclass
+class NodeInfo:
+    """One graph node: a kernel call (``op='tvm_op'``) or a model input (``op='null'``).
+
+    ``inputs`` holds ``(node index, output k)`` of each argument produced by a node; constant
+    arguments (weights) are counted in ``const_inputs``.
+    """
+
+    index: int
+    name: str
+    op: str
+    symbol: str = ""
+    occurrence: int = 0
+    is_view: bool = False
+    inputs: list[tuple[int, int]] = field(default_factory=list)
+    const_inputs: int = 0
+    out_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    out_dtypes: list[str] = field(default_factory=list)
+    output_keys: list[list[str]] = field(default_factory=list)
+    interior_keys: list[str] = field(default_factory=list)
+    time_us: float | None = None
+    start_us: float | None = None
+
+
+class Results:
+    """Values of one run, by source name.  See the module docstring."""
+
+    sources_map: SourceMap
+    node_infos: list[NodeInfo]
+
+    def _init_results(self, sources: SourceMap, nodes: list[NodeInfo]) -> None:
+        self.sources_map = sources
+        self.node_infos = nodes
+        self._names = NameIndex(sources)
+
+    # -- implemented by subclasses ------------------------------------------------------------
+    def _value(self, key: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _node_output(self, index: int, output: int) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- the public API -----------------------------------------------------------------------
+    def resolve(self, name: str) -> str:
+        """The tensor name (key) that ``name`` denotes; raises a NameLookupError otherwise."""
+        return self._names.resolve(name)
+
+    def get(self, name: str) -> np.ndarray:
+        """The value of the source tensor ``name`` (node name, ``node:k``, tensor name or suffix)."""
+        return self._value(self.resolve(name))
+
+    def get_all(self, pattern: str) -> dict[str, np.ndarray]:
+        """Every value whose name matches the glob ``pattern``, by display name, in model order."""
+        return {self.sources_map[k].display_name: self._value(k) for k in self._names.match(pattern)}
+
+    def get_node_output(self, index: int, output: int = 0) -> np.ndarray:
+        """Output ``output`` of graph node ``index`` (see :attr:`nodes`)."""
+        if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.node_infos):
+            raise ProbeError(f"node index {index!r} is out of range: the graph has nodes 0..{len(self.node_infos) - 1}")
+        node = self.node_infos[index]
+        if not 0 <= output < max(1, len(node.out_shapes)):
+            raise ProbeError(f"node {index} ({node.name}) has {len(node.out_shapes)} output(s), not output {output}")
+        return self._node_output(int(index), output)
+
+    def served(self, name: str) -> str:
+        """How the value of ``name`` is obtained: captured, view, recomputed, constant, ..."""
+        value = self.sources_map[self.resolve(name)]
+        return value.served.value if value.served else "unknown"
+
+    @property
+    def sources(self):
+        """DataFrame: one row per source value — name, tensor, op type, kind, how served, node."""
+        import pandas as pd
+
+        rows = [{
+            "name": v.display_name, "tensor": v.key, "op_type": v.op_type, "kind": v.kind.value,
+            "served": v.served.value if v.served else None, "node": v.node_index,
+            "shape": v.shape, "dtype": v.dtype,
+        } for v in self.sources_map]
+        return pd.DataFrame(rows, columns=["name", "tensor", "op_type", "kind", "served", "node", "shape", "dtype"])
+
+    @property
+    def nodes(self):
+        """DataFrame: one row per graph node — kernel symbol, source names, shape, dtype, time."""
+        import pandas as pd
+
+        total = sum(n.time_us or 0.0 for n in self.node_infos) or None
+        rows = []
+        for n in self.node_infos:
+            nbytes = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+                         for s, d in zip(n.out_shapes, n.out_dtypes) if _known_dtype(d))
+            names = [self.sources_map[k].display_name for ks in n.output_keys for k in ks]
+            rows.append({
+                "index": n.index, "op": n.op, "symbol": n.symbol, "occurrence": n.occurrence,
+                "name": n.name, "source_names": names,
+                "interior": [self.sources_map[k].display_name for k in n.interior_keys],
+                "shape": n.out_shapes[0] if n.out_shapes else None,
+                "dtype": n.out_dtypes[0] if n.out_dtypes else None, "bytes": nbytes,
+                "time_us": n.time_us,
+                "time_share": (n.time_us / total) if (total and n.time_us is not None) else None,
+            })
+        return pd.DataFrame(rows)
+
+
+def _known_dtype(name: str) -> bool:
+    try:
+        np.dtype(name)
+        return True
+    except TypeError:
+        return False

@@ -1,0 +1,127 @@
+"""Source values: every tensor of the source model, and how tvm_probe serves it.
+
+This module is plain data (no TVM), shared by the live probe and by a dump read back from
+disk.  A :class:`SourceValue` is one tensor of the source graph, keyed by its tensor name
+(unique in ONNX).  It answers to several names: the tensor name and, when the producing node has
+a name, the node name (``node:k`` for output ``k`` of a multi-output node).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """Where a source value comes from in the source model."""
+
+    INPUT = "input"        # a graph input the user feeds
+    PARAM = "param"        # an initializer (weight)
+    CONSTANT = "constant"  # computed at import time (shape arithmetic, Constant, Identity of a weight)
+    VALUE = "value"        # computed at run time by the compiled module
+
+
+class Served(str, Enum):
+    """How ``get()`` obtains a value of the compiled model."""
+
+    INPUT = "input"            # the run's own input
+    CONSTANT = "constant"      # a weight or a value folded at import time
+    FOLDED = "folded"          # folded by the pipeline's FoldConstant; re-evaluated the same way
+    CAPTURED = "captured"      # a kernel output copied while the model ran
+    VIEW = "view"              # a zero-copy builtin view (reshape) copied while the model ran
+    RECOMPUTED = "recomputed"  # kept inside a fused kernel; recomputed from its captured inputs
+    UNAVAILABLE = "unavailable"  # the compiled module never computes it (dead code)
+
+
+@dataclass
+class SourceValue:
+    """One tensor of the source model.
+
+    Attributes:
+        key: the tensor name, unique in the model; the primary key everywhere.
+        node: name of the node that produced it ('' for graph inputs, weights and unnamed nodes).
+        op_type: the producing op ('Input' / 'Initializer' for graph inputs and weights).
+        output_index: which output of ``node`` this tensor is.
+        kind: see :class:`Kind`.
+        topo_index: position of the producing node in the source graph (-1 for inputs/weights).
+        inputs: keys of the source values the producing node consumed.
+        shape, dtype: as compiled (static shapes) or as declared.
+        served: see :class:`Served`; set once the model is compiled.
+        node_index: the graph node (kernel call) that outputs it or holds it inside, or -1.
+    """
+
+    key: str
+    node: str = ""
+    op_type: str = ""
+    output_index: int = 0
+    kind: Kind = Kind.VALUE
+    topo_index: int = -1
+    inputs: tuple[str, ...] = ()
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    served: Served | None = None
+    node_index: int = -1
+    num_outputs: int = 1
+
+    @property
+    def names(self) -> list[str]:
+        """Every name this value answers to: display name first, then the tensor name."""
+        names = [self.display_name]
+        if self.key not in names:
+            names.append(self.key)
+        return names
+
+    @property
+    def display_name(self) -> str:
+        """The node name (``node:k`` for output k of a multi-output node), else the tensor name."""
+        if not self.node:
+            return self.key
+        return self.node if self.num_outputs == 1 else f"{self.node}:{self.output_index}"
+
+    def to_record(self) -> dict:
+        """A JSON-friendly dict (the inverse of :meth:`from_record`)."""
+        return {
+            "key": self.key, "node": self.node, "op_type": self.op_type,
+            "output_index": self.output_index, "num_outputs": self.num_outputs,
+            "kind": self.kind.value, "topo_index": self.topo_index, "inputs": list(self.inputs),
+            "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
+            "served": None if self.served is None else self.served.value,
+            "node_index": self.node_index,
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "SourceValue":
+        """Rebuild from :meth:`to_record` output (raises KeyError/ValueError/TypeError if malformed)."""
+        return cls(
+            key=str(rec["key"]), node=str(rec["node"]), op_type=str(rec["op_type"]),
+            output_index=int(rec["output_index"]), num_outputs=int(rec["num_outputs"]),
+            kind=Kind(rec["kind"]), topo_index=int(rec["topo_index"]),
+            inputs=tuple(str(i) for i in rec["inputs"]),
+            shape=None if rec["shape"] is None else tuple(int(d) for d in rec["shape"]),
+            dtype=None if rec["dtype"] is None else str(rec["dtype"]),
+            served=None if rec["served"] is None else Served(rec["served"]),
+            node_index=int(rec["node_index"]),
+        )
+
+
+@dataclass
+class SourceMap:
+    """All source values of a model, in source-graph order, by tensor name."""
+
+    values: dict[str, SourceValue] = field(default_factory=dict)
+    model_inputs: list[str] = field(default_factory=list)   # keys of the inputs the user feeds
+    model_outputs: list[str] = field(default_factory=list)  # keys of the graph outputs
+
+    def add(self, value: SourceValue) -> None:
+        self.values[value.key] = value
+
+    def __getitem__(self, key: str) -> SourceValue:
+        return self.values[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def __iter__(self):
+        return iter(self.values.values())
+
+    def __len__(self) -> int:
+        return len(self.values)

@@ -1,0 +1,1 @@
+"""On-disk storage formats used by tvm_probe."""
