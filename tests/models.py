@@ -101,3 +101,28 @@ def cnn_inputs(model, seed=0) -> dict[str, np.ndarray]:
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
         out[inp.name] = rng.standard_normal(shape, dtype=np.float32)
     return out
+
+
+def folding_model(seed=0):
+    """A tiny graph whose values exercise every way of serving a value.
+
+    ``Wt`` is folded at import, ``Wr = Relu(Wt)`` only by the fused pipeline's FoldConstant,
+    ``xi = Identity(x)`` aliases the input, and ``unused`` is dead code that the fused
+    pipeline removes.  Returns ``(model, inputs)``.
+    """
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "W")
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["Wt"], name="wt", perm=[1, 0]),
+        helper.make_node("Relu", ["Wt"], ["Wr"], name="wr"),
+        helper.make_node("MatMul", ["x", "Wr"], ["y"], name="mm"),
+        helper.make_node("Identity", ["x"], ["xi"], name="ident"),
+        helper.make_node("MatMul", ["xi", "Wr"], ["xi2"], name="mm2"),
+        helper.make_node("Relu", ["x"], ["unused"], name="dead"),
+        helper.make_node("Add", ["y", "xi2"], ["z"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "folding", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.normal(size=(2, 16)).astype(np.float32)}

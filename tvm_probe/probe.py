@@ -234,8 +234,8 @@ class Probe(Results):
                 self._values.update(self._recomputer.interior_values(site, inputs))
             return self._values[key]
         raise ValueUnavailableError(
-            f"{value.display_name!r} is never computed by the compiled module (the pipeline removed "
-            "it as dead code): nothing in the deployed model depends on it")
+            f"{value.display_name!r} is never computed by the compiled module: no model output "
+            "depends on it, so TVM dropped it as dead code")
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
         outs = self._require_run().outputs.get(site)

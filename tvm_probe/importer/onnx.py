@@ -108,18 +108,10 @@ def _check_ops_supported(graph) -> None:
             f"cannot convert{others}: replace the op in the model or register a converter")
 
 
-def _sanitize(name: str) -> str:
-    tail = "_".join(name.strip("/").split("/")[-2:]) or "v"
-    tail = re.sub(r"\W", "_", tail)
-    return tail if not tail[0].isdigit() else "v" + tail
-
-
 def _make_importer(shapes):
     """An instance of TVM's ONNX importer that records what each tensor becomes."""
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
-
-    leaf_types = (relax.Var, relax.ShapeExpr, relax.GlobalVar)
 
     class _RecordingDict(dict):
         def __init__(self):
@@ -145,20 +137,11 @@ def _make_importer(shapes):
         def _convert_operator(self, op_name, inputs, attrs, opset):
             node = self.current_node
             try:
-                sym = super()._convert_operator(op_name, inputs, attrs, opset)
+                return super()._convert_operator(op_name, inputs, attrs, opset)
             except Exception as err:
                 raise UnsupportedOpError(
                     f"TVM's ONNX importer failed on node {_node_label(node)} (op {op_name}): "
                     f"{one_line(err)}") from None
-            hint = _sanitize(node.name or (node.output[0] if node.output else op_name))
-            return self._bind(sym, hint)
-
-        def _bind(self, sym, hint):
-            if isinstance(sym, relax.Tuple):
-                return relax.Tuple([self._bind(f, f"{hint}_{i}") for i, f in enumerate(sym.fields)])
-            if isinstance(sym, leaf_types) or _is_const(sym) or not isinstance(sym, relax.Expr):
-                return sym
-            return self.bb.emit(sym, name_hint=hint)
 
     return _TaggingImporter()
 
@@ -229,12 +212,14 @@ def _collect(proto, mod, importer) -> ImportedModel:
         inputs.append(InputSpec(vi.name, shape, dtype))
         var_keys.setdefault(expr, []).append(vi.name)
 
+    bound_to = _binding_of_value(mod)
     for topo, node in enumerate(graph.node):
         outs = [o for o in node.output]
         for k, out in enumerate(outs):
             if not out or out not in record:
                 continue
             expr = record[out]
+            expr = bound_to.get(expr, expr)  # a converted op's Call, bound where first used
             value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
                                 num_outputs=len(outs), topo_index=topo,
                                 inputs=tuple(i for i in node.input if i))
@@ -242,6 +227,8 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = _tensor_info(expr)
                 var_keys.setdefault(expr, []).append(out)
+            elif isinstance(expr, relax.Call):
+                value.shape, value.dtype = _tensor_info(expr)  # never used: the import drops it
             else:
                 const = _const_value(expr)
                 if const is None:
@@ -257,6 +244,20 @@ def _collect(proto, mod, importer) -> ImportedModel:
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, model_hash=model_hash(proto))
+
+
+def _binding_of_value(mod) -> dict:
+    """Bound expression → the Var it is bound to, for every binding of ``main``.
+
+    The importer leaves each converted op as an unbound Call; normalisation binds it where it is
+    first used.  Tagging through this map (rather than binding eagerly) keeps the binding order,
+    and so the kernel order, exactly that of a plain import.
+    """
+    found = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            found.setdefault(binding.value, binding.var)
+    return found
 
 
 def _follow_aliases(mod, var_keys: dict) -> None:

@@ -1,0 +1,51 @@
+"""Shared fixtures: real models compiled with real TVM, references from real onnxruntime.
+
+Probes are expensive to build (TVM compiles every kernel), so they are built once per session
+and per pipeline, and every test reads from them.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
+
+from tvm_probe import demo  # noqa: E402
+from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
+
+PIPELINES = ["default", "fused"]
+
+
+@pytest.fixture(scope="session")
+def bert_model():
+    return demo.tiny_bert()
+
+
+@pytest.fixture(scope="session")
+def bert_inputs(bert_model):
+    return demo.demo_inputs(bert_model)
+
+
+@pytest.fixture(scope="session")
+def bert_reference(bert_model, bert_inputs):
+    return onnxruntime_values(bert_model, bert_inputs)
+
+
+@pytest.fixture(scope="session", params=PIPELINES)
+def bert_probe(request, bert_model, bert_inputs):
+    """The demo BERT compiled with each pipeline, after one run capturing everything."""
+    from tvm_probe import Probe
+
+    probe = Probe.from_onnx(bert_model, target="llvm", pipeline=request.param)
+    probe.run(bert_inputs)
+    return probe
+
+
+@pytest.fixture(scope="session")
+def fused_bert_probe(bert_model):
+    """A fused-pipeline probe for tests that run it themselves (not yet run)."""
+    from tvm_probe import Probe
+
+    return Probe.from_onnx(bert_model, target="llvm", pipeline="fused")

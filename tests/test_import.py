@@ -1,0 +1,49 @@
+"""Import with source names: the ops are those of a plain import; every tensor is answerable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_probe import Probe, ValueUnavailableError
+from tvm_probe.importer.onnx import import_onnx
+from tvm_probe.sources import Kind
+
+from models import folding_model
+
+
+def test_tagged_import_is_structurally_identical_to_a_plain_import(bert_model):
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    imported = import_onnx(bert_model)
+    tvm.ir.assert_structural_equal(from_onnx(bert_model), imported.mod, map_free_vars=True)
+
+
+def test_every_onnx_tensor_is_a_source_value(bert_model):
+    imported = import_onnx(bert_model)
+    tensors = {o for n in bert_model.graph.node for o in n.output}
+    tensors |= {t.name for t in bert_model.graph.initializer} | {i.name for i in bert_model.graph.input}
+    assert set(imported.sources.values) == tensors
+    tagged = {k for keys in imported.var_keys.values() for k in keys}
+    runtime = {v.key for v in imported.sources if v.kind in (Kind.VALUE, Kind.INPUT)}
+    assert runtime == tagged  # every runtime value carries its name on a Relax Var
+    assert {v.kind for v in imported.sources} == {Kind.VALUE, Kind.INPUT, Kind.PARAM, Kind.CONSTANT}
+
+
+def test_folded_identity_and_dead_values_are_served_honestly():
+    """FoldConstant-folded, identity-of-input and dead values, under both pipelines."""
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    model, inputs = folding_model()
+    ref = onnxruntime_values(model, inputs)
+    expected = {"default": {"Wr": "captured", "xi": "input", "unused": "unavailable"},
+                "fused": {"Wr": "folded", "xi": "input", "unused": "unavailable"}}
+    for pipeline, how in expected.items():
+        probe = Probe.from_onnx(model, pipeline=pipeline)
+        probe.run(inputs)
+        for key, served in how.items():
+            assert probe.served(key) == served, (pipeline, key)
+        for key in ("Wt", "Wr", "y", "xi", "xi2", "z"):
+            np.testing.assert_allclose(probe.get(key), ref[key], atol=1e-5, err_msg=f"{pipeline} {key}")
+        with pytest.raises(ValueUnavailableError, match="'dead' is never computed.*dead code"):
+            probe.get("dead")
