@@ -16,6 +16,14 @@ from tvm_probe import demo  # noqa: E402
 from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
 
 PIPELINES = ["default", "fused"]
+SERVED_COUNTS: dict[str, dict[str, int]] = {}  # filled by test_bert, printed at the end
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Report how the demo BERT's values were served, per pipeline."""
+    for pipeline, counts in SERVED_COUNTS.items():
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        terminalreporter.write_line(f"demo BERT, {pipeline} pipeline: values served as {parts}")
 
 
 @pytest.fixture(scope="session")

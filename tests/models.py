@@ -126,3 +126,22 @@ def folding_model(seed=0):
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 8])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return model, {"x": rng.normal(size=(2, 16)).astype(np.float32)}
+
+
+def split_model(seed=0):
+    """``Split`` (one node, two outputs) → Relu → Mul: names ``blk/split:0`` / ``blk/split:1``.
+
+    Returns ``(model, inputs)``.
+    """
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Split", ["x", "sizes"], ["a", "b"], name="blk/split", axis=1),
+        helper.make_node("Relu", ["a"], ["ra"], name="blk/relu"),
+        helper.make_node("Mul", ["ra", "b"], ["y"], name="blk/mul"),
+    ]
+    sizes = numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "sizes")
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.normal(size=(2, 8)).astype(np.float32)}

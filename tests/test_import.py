@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe import Probe, ValueUnavailableError
+from tvm_probe import AmbiguousNameError, Probe, ValueUnavailableError
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.sources import Kind
 
-from models import folding_model
+from models import folding_model, split_model
 
 
 def test_tagged_import_is_structurally_identical_to_a_plain_import(bert_model):
@@ -47,3 +47,20 @@ def test_folded_identity_and_dead_values_are_served_honestly():
             np.testing.assert_allclose(probe.get(key), ref[key], atol=1e-5, err_msg=f"{pipeline} {key}")
         with pytest.raises(ValueUnavailableError, match="'dead' is never computed.*dead code"):
             probe.get("dead")
+
+
+@pytest.mark.parametrize("pipeline", ["default", "fused"])
+def test_multi_output_node_answers_to_node_colon_k_and_tensor_names(pipeline):
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    model, inputs = split_model()
+    ref = onnxruntime_values(model, inputs)
+    probe = Probe.from_onnx(model, pipeline=pipeline)
+    probe.run(inputs)
+    for name, key in [("blk/split:0", "a"), ("split:1", "b"), ("a", "a"), ("b", "b"), ("blk/mul", "y")]:
+        np.testing.assert_array_equal(probe.get(name), ref[key], err_msg=name)
+    with pytest.raises(AmbiguousNameError, match="node 'blk/split' has 2 outputs: name one of 'blk/split:0', 'blk/split:1'"):
+        probe.get("blk/split")
+    if pipeline == "default":
+        node = probe.sources_map["b"].node_index
+        np.testing.assert_array_equal(probe.get_node_output(node, 1), ref["b"])

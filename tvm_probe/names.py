@@ -32,8 +32,11 @@ class NameIndex:
     def __init__(self, values: Iterable[SourceValue]):
         self._keys_by_name: dict[str, list[str]] = {}
         self._order: dict[str, int] = {}
+        self._outputs_of_node: dict[str, list[str]] = {}  # multi-output node → its `node:k` names
         for i, value in enumerate(values):
             self._order[value.key] = i
+            if value.node and value.num_outputs > 1:
+                self._outputs_of_node.setdefault(value.node, []).append(value.display_name)
             for name in value.names:
                 keys = self._keys_by_name.setdefault(name, [])
                 if value.key not in keys:
@@ -52,6 +55,10 @@ class NameIndex:
             if len(exact) == 1:
                 return exact[0]
             raise self._ambiguous(name, exact)
+        outputs = self._outputs_of_node.get(name)
+        if outputs:
+            raise AmbiguousNameError(f"node {name!r} has {len(outputs)} outputs: name one of "
+                                     + ", ".join(repr(o) for o in outputs))
         suffix = "/" + name.lstrip("/")
         hits = sorted({k for n, ks in self._keys_by_name.items() if n.endswith(suffix) for k in ks},
                       key=self._order.__getitem__)
