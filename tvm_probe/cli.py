@@ -1,5 +1,12 @@
 """The ``tvm-probe`` command line.
 
+    tvm-probe run CONFIG [--set KEY=VALUE]...   the main job: probe, dump, compare, report
+    tvm-probe ls DUMP [PATTERN]                 list source values in a dump
+    tvm-probe get DUMP NAME [-o x.npy]          print or save one value
+    tvm-probe compare DUMP                      compare a dump with the reference runtime
+    tvm-probe report DUMP -o DIR                tables (CSV, HTML) and graph for a dump
+    tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
+
 Exit status: 0 when every compared value is within tolerance, 1 when some value diverges,
 2 on bad input (a one-line error, never a traceback).
 """
@@ -14,20 +21,26 @@ from .errors import ProbeError
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tvm-probe",
-        description="Read any intermediate tensor of a TVM-compiled model by its source name.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse's own status is 2 as well)."""
 
-    demo = sub.add_parser("demo", help="probe the built-in demo BERT and compare it with onnxruntime",
-                          description="Compile the built-in ONNX BERT with TVM, capture every "
-                                      "intermediate, compare each with onnxruntime, write a dump.")
-    demo.add_argument("--pipeline", default="fused", help="default | fused (default: fused)")
-    demo.add_argument("--layers", type=int, default=2, help="encoder layers (default: 2)")
-    demo.add_argument("--dump", type=Path, default=Path("dumps/demo"), help="dump folder (default: dumps/demo)")
-    demo.add_argument("--overwrite", action="store_true", help="replace an existing dump folder")
-    demo.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default: 1e-4)")
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"tvm-probe: error: {message} (see tvm-probe --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tvm-probe", description=__doc__.split("\n\n")[0],
+                epilog="Exit status: 0 all values within tolerance, 1 some value diverges, 2 bad input.",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress display")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the investigation a YAML config describes (the main job)",
+                         description="Import and compile the model, run it once capturing intermediates, "
+                                     "write the dump, compare with the reference, write the report.")
+    run.add_argument("config", type=Path, help="YAML config (see configs/example.yaml)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set pipeline=fused --set output.overwrite=true")
 
     ls = sub.add_parser("ls", help="list the source values in a dump")
     ls.add_argument("dump", type=Path)
@@ -35,50 +48,72 @@ def _parser() -> argparse.ArgumentParser:
 
     get = sub.add_parser("get", help="print or save one value from a dump")
     get.add_argument("dump", type=Path)
-    get.add_argument("name")
+    get.add_argument("name", help="node name, tensor name, or a unique '/'-suffix of one")
     get.add_argument("-o", "--output", type=Path, help="save as .npy instead of printing")
+
+    cmp = sub.add_parser("compare", help="compare a dump with onnxruntime on the dumped inputs")
+    cmp.add_argument("dump", type=Path)
+    cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
+    cmp.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default: 1e-4)")
+    cmp.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default: 1e-3)")
+    cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
+
+    rep = sub.add_parser("report", help="write tables (CSV, HTML) and the graph for a dump")
+    rep.add_argument("dump", type=Path)
+    rep.add_argument("-o", "--output", type=Path, required=True, help="report folder")
+
+    graph = sub.add_parser("graph", help="write the kernel graph of a dump as DOT or SVG")
+    graph.add_argument("dump", type=Path)
+    graph.add_argument("-o", "--output", type=Path, required=True, help="graph.dot or graph.svg")
     return p
 
 
-def _cmd_demo(args) -> int:
+def _cmd_run(args, progress) -> int:
+    from .config import load_config
+    from .investigate import investigate
+
+    config = load_config(args.config, args.overrides)
+    outcome = investigate(config, progress)
+    probe = outcome.probe
+    served = probe.sources["served"].value_counts()
+    print(f"{len(probe.node_infos)} graph nodes; source values: "
+          + ", ".join(f"{k} {v}" for k, v in served.items()))
+    if outcome.dump:
+        print(f"dump: {outcome.dump}")
+    for kind, path in outcome.report.items():
+        print(f"{kind}: {path}")
+    if outcome.comparison is not None:
+        _print_worst(outcome.comparison)
+        print(outcome.comparison.verdict())
+    return outcome.exit_code
+
+
+def _print_worst(comparison, n: int = 5) -> None:
     import pandas as pd
 
-    from . import demo
-    from .compare import compare
-    from .probe import Probe
-    from .reference.onnxruntime import onnxruntime_values
-
-    model = demo.tiny_bert(num_layers=args.layers)
-    inputs = demo.demo_inputs(model)
-    print(f"compiling the demo BERT ({args.layers} layers) with the {args.pipeline!r} pipeline ...")
-    probe = Probe.from_onnx(model, target="llvm", pipeline=args.pipeline)
-    probe.run(inputs)
-    result = compare(probe, onnxruntime_values(model, inputs), atol=args.atol)
-    served = probe.sources["served"].value_counts()
-    print(f"{len(probe.node_infos)} graph nodes; source values by how they are served: "
-          + ", ".join(f"{k} {v}" for k, v in served.items()))
-    with pd.option_context("display.max_colwidth", 70, "display.width", 160):
-        table = result.table()[["name", "served", "max_abs", "cosine", "passed"]]
-        print(table.sort_values("max_abs", ascending=False).head(5).to_string(index=False))
-    probe.dump(args.dump, overwrite=args.overwrite)
-    print(f"dump written to {args.dump}")
-    print(result.verdict())
-    return EXIT_OK if result else EXIT_DIVERGED
+    table = comparison.table()
+    if table.empty:
+        return
+    worst = table.sort_values("max_abs", ascending=False).head(n)[["name", "served", "max_abs", "cosine", "passed"]]
+    with pd.option_context("display.max_colwidth", 80, "display.width", 200):
+        print(worst.to_string(index=False))
 
 
-def _cmd_ls(args) -> int:
+def _cmd_ls(args, progress) -> int:
     import fnmatch
 
     from .store.dump import load_dump
 
     table = load_dump(args.dump).sources
-    mask = table["name"].map(lambda n: fnmatch.fnmatchcase(n, args.pattern)
+    keep = table["name"].map(lambda n: fnmatch.fnmatchcase(n, args.pattern)
                              or fnmatch.fnmatchcase(n, "*/" + args.pattern))
-    print(table[mask].to_string(index=False))
+    if not keep.any():
+        raise ProbeError(f"pattern {args.pattern!r} matches no source value in {args.dump}")
+    print(table[keep].to_string(index=False))
     return EXIT_OK
 
 
-def _cmd_get(args) -> int:
+def _cmd_get(args, progress) -> int:
     import numpy as np
 
     from .store.dump import load_dump
@@ -92,18 +127,92 @@ def _cmd_get(args) -> int:
     return EXIT_OK
 
 
+def compare_dump(reader, model_path=None, atol=1e-4, rtol=1e-3, progress=None):
+    """Compare a dump with onnxruntime run on the dump's own inputs (the model must be the dumped one)."""
+    from .compare import compare
+    from .config import ModelSpec
+    from .importer.onnx import load_onnx, model_hash
+    from .reference.onnxruntime import onnxruntime_values
+
+    described = reader.metadata.get("model")
+    if model_path is not None:
+        model = load_onnx(model_path)
+    elif described:
+        model = ModelSpec(onnx=Path(described["onnx"]) if "onnx" in described else None,
+                          demo=described.get("demo")).load()
+    else:
+        raise ProbeError("this dump does not record its model: give it with --model PATH")
+    if reader.model_hash and model_hash(model) != reader.model_hash:
+        raise ProbeError("the model differs from the one the dump was made with (hash mismatch): "
+                         "give the original with --model PATH")
+    reference = onnxruntime_values(model, reader.inputs)
+    return compare(reader, reference, atol=atol, rtol=rtol, progress=progress)
+
+
+def _cmd_compare(args, progress) -> int:
+    from .store.dump import load_dump
+
+    reader = load_dump(args.dump)
+    with progress.stage("compare") as stage:
+        comparison = compare_dump(reader, args.model, args.atol, args.rtol, stage.update)
+    if args.report:
+        from .report import write_report
+
+        for kind, path in write_report(args.report, reader, comparison).items():
+            print(f"{kind}: {path}")
+    _print_worst(comparison)
+    print(comparison.verdict())
+    return EXIT_OK if comparison else EXIT_DIVERGED
+
+
+def _cmd_report(args, progress) -> int:
+    from .report import write_report
+    from .store.dump import load_dump
+
+    for kind, path in write_report(args.output, load_dump(args.dump)).items():
+        print(f"{kind}: {path}")
+    return EXIT_OK
+
+
+def _cmd_graph(args, progress) -> int:
+    from .report import render_svg, to_dot
+    from .store.dump import load_dump
+
+    dot = to_dot(load_dump(args.dump))
+    if args.output.suffix == ".svg":
+        svg = render_svg(dot)
+        if svg is None:
+            raise ProbeError("writing SVG needs Graphviz's 'dot' program: install graphviz or write a .dot file")
+        args.output.write_text(svg, encoding="utf-8")
+    elif args.output.suffix == ".dot":
+        args.output.write_text(dot, encoding="utf-8")
+    else:
+        raise ProbeError(f"cannot write a graph as {args.output.suffix or 'a file without suffix'}: "
+                         "use a .dot or .svg file name")
+    print(f"graph: {args.output}")
+    return EXIT_OK
+
+
+_COMMANDS = {"run": _cmd_run, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare,
+             "report": _cmd_report, "graph": _cmd_graph}
+
+
 def main(argv=None) -> int:
     """Entry point of the ``tvm-probe`` console script."""
+    from .progress import Progress
+
     args = _parser().parse_args(argv)
-    handler = {"demo": _cmd_demo, "ls": _cmd_ls, "get": _cmd_get}[args.command]
+    progress = Progress(enabled=False if args.quiet else None)
     try:
-        return handler(args)
+        return _COMMANDS[args.command](args, progress)
     except ProbeError as err:
         print(f"tvm-probe: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("tvm-probe: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tvm-probe get ... | head`
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -105,20 +105,26 @@ def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.nd
 
 
 def compare(results: Results, reference: Mapping[str, np.ndarray], atol: float = DEFAULT_ATOL,
-            rtol: float = DEFAULT_RTOL, keys=None) -> Comparison:
+            rtol: float = DEFAULT_RTOL, keys=None, tolerance_for=None, progress=None) -> Comparison:
     """Compare every runtime value of ``results`` that ``reference`` has (by tensor name).
 
     Inputs and weights are not compared (they are what was fed); values the run cannot serve
     are listed in ``skipped`` with the reason.
+
+    Args:
+        atol, rtol: the tolerance of every value, unless ``tolerance_for(names)`` (given the
+            value's names) returns an object with ``atol`` and ``rtol`` for it.
+        keys: compare only these tensor names.
+        progress: called as ``progress(done, total)`` while comparing.
     """
     from .errors import ProbeError
 
     out = Comparison()
-    for value in results.sources_map:
-        if keys is not None and value.key not in keys:
-            continue
-        if value.kind in (Kind.INPUT, Kind.PARAM) or value.key not in reference:
-            continue
+    todo = [v for v in results.sources_map
+            if (keys is None or v.key in keys) and v.kind not in (Kind.INPUT, Kind.PARAM) and v.key in reference]
+    for done, value in enumerate(todo):
+        if progress is not None:
+            progress(done, len(todo))
         if value.served is Served.UNAVAILABLE:
             out.skipped[value.key] = "not computed by the compiled module"
             continue
@@ -127,8 +133,9 @@ def compare(results: Results, reference: Mapping[str, np.ndarray], atol: float =
         except ProbeError as err:
             out.skipped[value.key] = str(err)
             continue
+        tol = tolerance_for(value.names) if tolerance_for else None
         cmp = compare_arrays(value.key, value.display_name, value.served.value if value.served else "",
-                             got, reference[value.key], atol, rtol)
+                             got, reference[value.key], tol.atol if tol else atol, tol.rtol if tol else rtol)
         out.values.append(cmp)
         if not cmp.passed and out.first_divergent is None:
             # Source order is topological (ONNX requires it), so the first failure is a value

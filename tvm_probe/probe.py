@@ -69,6 +69,24 @@ class Probe(Results):
         built = compile_with_snapshots(imported.mod, target, pipeline)
         return cls(imported, built, build_kernel_map(imported, built.snapshots))
 
+    @classmethod
+    def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
+        """Export a ``torch.nn.Module`` with ``torch.export`` and compile it for ``target``.
+
+        Values answer to their fx node names (``bmm_3``) and module paths
+        (``bert.encoder.layer.0.attention``: the module's output).  Needs ``tvm_probe[torch]``.
+
+        Args:
+            module: the model (put it in ``eval()`` mode first for inference behaviour).
+            example_inputs: a tuple of tensors (the shapes are compiled statically).
+            target, pipeline: as for :meth:`from_onnx`.
+        """
+        from .importer.torch import import_torch
+
+        imported = import_torch(module, example_inputs)
+        built = compile_with_snapshots(imported.mod, target, pipeline)
+        return cls(imported, built, build_kernel_map(imported, built.snapshots))
+
     @property
     def inputs(self) -> list[InputSpec]:
         """The inputs :meth:`run` takes: name, shape, dtype."""
@@ -281,12 +299,14 @@ class Probe(Results):
                 continue
             yield value.key
 
-    def dump(self, path, overwrite: bool = False, include_weights: bool = False) -> Path:
+    def dump(self, path, overwrite: bool = False, include_weights: bool = False,
+             metadata: dict | None = None) -> Path:
         """Write the last run to ``path`` in the legacy TVM debug-executor layout.
 
         The folder is written under a temporary name and renamed when complete; an existing
         folder is replaced only with ``overwrite=True``.  Weights are left out unless
-        ``include_weights``.  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
+        ``include_weights``.  ``metadata`` (JSON-friendly) is stored with the dump, e.g. where
+        the model came from.  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
         """
         from .store.dump import DumpContent, write_dump
 
@@ -307,7 +327,7 @@ class Probe(Results):
             node_outputs={self.num_input_nodes + s: outs for s, outs in capture.outputs.items()},
             inputs=capture.inputs, values=values, device=self._device_label(),
             model_hash=self.imported.model_hash, target=str(self.built.target),
-            pipeline=self.built.pipeline, total_us=capture.total_us)
+            pipeline=self.built.pipeline, total_us=capture.total_us, metadata=dict(metadata or {}))
         return write_dump(Path(path), content, overwrite=overwrite)
 
     def _device_label(self) -> str:

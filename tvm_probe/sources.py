@@ -47,6 +47,7 @@ class SourceValue:
         shape, dtype: as compiled (static shapes) or as declared.
         served: see :class:`Served`; set once the model is compiled.
         node_index: the graph node (kernel call) that outputs it or holds it inside, or -1.
+        aliases: further names it answers to (e.g. the module path whose output it is).
     """
 
     key: str
@@ -61,13 +62,15 @@ class SourceValue:
     served: Served | None = None
     node_index: int = -1
     num_outputs: int = 1
+    aliases: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
         """Every name this value answers to: display name first, then the tensor name."""
         names = [self.display_name]
-        if self.key not in names:
-            names.append(self.key)
+        for name in (self.key, *self.aliases):
+            if name not in names:
+                names.append(name)
         return names
 
     @property
@@ -85,7 +88,7 @@ class SourceValue:
             "kind": self.kind.value, "topo_index": self.topo_index, "inputs": list(self.inputs),
             "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
             "served": None if self.served is None else self.served.value,
-            "node_index": self.node_index,
+            "node_index": self.node_index, "aliases": list(self.aliases),
         }
 
     @classmethod
@@ -100,6 +103,7 @@ class SourceValue:
             dtype=None if rec["dtype"] is None else str(rec["dtype"]),
             served=None if rec["served"] is None else Served(rec["served"]),
             node_index=int(rec["node_index"]),
+            aliases=tuple(str(a) for a in rec.get("aliases", ())),
         )
 
 

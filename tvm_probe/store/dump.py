@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +63,7 @@ class DumpContent:
     target: str
     pipeline: str
     total_us: float
+    metadata: dict = field(default_factory=dict)
 
 
 def tensor_key(name: str, index: int, output: int) -> str:
@@ -127,6 +128,7 @@ def _write_files(tmp: Path, content: DumpContent) -> None:
         "sources": [v.to_record() for v in content.sources],
         "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
         "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
+        "metadata": content.metadata,
     })
     _write_json(tmp / MANIFEST, _manifest(tmp, content))
 
@@ -213,7 +215,11 @@ def load_dump(path) -> "DumpReader":
 
 
 class DumpReader(Results):
-    """A dump read back: the same ``get`` / ``get_all`` / ``get_node_output`` / tables as a Probe."""
+    """A dump read back: the same ``get`` / ``get_all`` / ``get_node_output`` / tables as a Probe.
+
+    Also: ``inputs`` (the run's inputs by name), ``metadata`` (what the writer stored, e.g. the
+    model's origin), ``model_hash``, ``target``, ``pipeline``.
+    """
 
     def __init__(self, root: Path):
         if not root.is_dir():
@@ -229,6 +235,8 @@ class DumpReader(Results):
             sources.model_inputs = list(meta["model_inputs"])
             sources.model_outputs = list(meta["model_outputs"])
             self.target, self.pipeline = str(meta["target"]), str(meta["pipeline"])
+            self.metadata = dict(meta.get("metadata") or {})
+            self.model_hash = str(self.manifest.get("model_hash", ""))
             nodes = _nodes_from_graph(self._json(device_dir / GRAPH), sources)
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise CorruptDumpError(f"{device_dir.name}: graph or sources JSON is malformed ({err!r}): "
@@ -292,6 +300,11 @@ class DumpReader(Results):
                     f"{TENSORS}: tensor {key!r} is {array.dtype}{list(array.shape)} but the graph JSON says "
                     f"{node.out_dtypes[j]}{list(node.out_shapes[j])}")
             self._node_tensors[(i, j)] = array
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The inputs of the dumped run, by name."""
+        return {n.name: self._node_output(n.index, 0) for n in self.node_infos if n.op == "null"}
 
     def _node_output(self, index: int, output: int) -> np.ndarray:
         try:

@@ -1,0 +1,422 @@
+"""YAML configs: one file describes an investigation; validated whole before any work starts.
+
+Schema (``configs/example.yaml`` shows every key with comments)::
+
+    model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
+    inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
+    target:     llvm
+    pipeline:   default | fused
+    capture:    all | [NAME or PATTERN, ...]
+    reference:  none | onnxruntime | {runtime: onnxruntime, model: PATH, atol: X, rtol: X,
+                                      tolerances: {PATTERN: {atol: X, rtol: X}}}
+    output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false}
+
+Every problem is reported with its file, line and key path, all at once, in one line:
+``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
+relative to the config file's folder.  CLI ``--set key.path=value`` overrides go through the
+same validation, so options and YAML keys are one schema.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ProbeError
+
+REFERENCES = ("none", "onnxruntime", "torch")
+REPORT_FORMATS = ("csv", "html", "graph")
+DEMO_SIZES = ("num_layers", "hidden", "heads", "intermediate", "seq_len", "vocab", "num_labels",
+              "batch", "seed")
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+class ConfigError(ProbeError):
+    """A config file is not valid; the message lists every problem with its line."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model: an ONNX file or the built-in demo with its sizes."""
+
+    onnx: Path | None = None
+    demo: dict | None = None
+    shapes: dict = field(default_factory=dict)
+
+    def load(self):
+        """The ``onnx.ModelProto`` this spec names."""
+        if self.onnx is not None:
+            from .importer.onnx import load_onnx
+
+            return load_onnx(self.onnx)
+        from . import demo
+
+        sizes = dict(self.demo or {})
+        merged = {**demo.PRESETS[sizes.pop("preset", "tiny")], **sizes}
+        if "hidden" in sizes and "intermediate" not in sizes:
+            merged["intermediate"] = None  # follow the new hidden size (4x), not the preset's
+        return demo.build(merged)
+
+    def describe(self) -> dict:
+        """JSON-friendly description, stored in dumps so ``tvm-probe compare DUMP`` can reload it."""
+        if self.onnx is not None:
+            return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
+        return {"demo": dict(self.demo or {})}
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """One input's values: random (seed, shape, dtype, range) or a .npy/.npz file."""
+
+    name: str
+    random: dict | None = None
+    file: Path | None = None
+    key: str | None = None
+
+    def load(self, spec=None) -> np.ndarray:
+        """The array; ``spec`` (the model's InputSpec) fills in a random input's shape/dtype."""
+        if self.file is not None:
+            return _load_array(self.file, self.key, self.name)
+        opts = dict(self.random or {})
+        shape = tuple(opts.get("shape") or (spec.shape if spec else ()))
+        dtype = np.dtype(opts.get("dtype") or (spec.dtype if spec else "float32"))
+        rng = np.random.default_rng(opts.get("seed", 0))
+        low, high = opts.get("low", 0 if dtype.kind in "iub" else -1.0), opts.get("high")
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(bool)
+        if dtype.kind in "iu":
+            return rng.integers(low, high if high is not None else 2, size=shape, dtype=dtype)
+        return rng.uniform(low, high if high is not None else 1.0, size=shape).astype(dtype)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference runtime and tolerances (per-pattern overrides, first match wins)."""
+
+    runtime: str = "onnxruntime"
+    model: Path | None = None
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    tolerances: tuple[tuple[str, Tolerance], ...] = ()
+
+    def tolerance_for(self, names) -> Tolerance:
+        for pattern, tol in self.tolerances:
+            if any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n, "*/" + pattern) for n in names):
+                return tol
+        return Tolerance(self.atol, self.rtol)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    dump: Path | None = None
+    report: Path | None = None
+    write: tuple[str, ...] = REPORT_FORMATS
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config (see the module docstring)."""
+
+    model: ModelSpec
+    inputs: tuple[InputSource, ...] = ()
+    target: str = "llvm"
+    pipeline: str = "default"
+    capture: Any = "all"
+    reference: ReferenceSpec = ReferenceSpec()
+    output: OutputSpec = OutputSpec()
+    source: Path | None = None
+
+
+# ------------------------------------------------------------------------------ loading
+def load_config(path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read, override (``key.path=value``) and validate a YAML config; raise ConfigError on any problem."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist: check the path")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+        lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file: give a YAML config") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    if data is None:
+        raise ConfigError(f"{path}: the config is empty: it needs at least a 'model' key")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: the config must be a mapping of keys (model, inputs, ...), "
+                          f"not a {type(data).__name__}")
+    for item in overrides:
+        _apply_override(data, item, path)
+    return _Validator(path, lines).config(data)
+
+
+def _key_lines(node, prefix=()) -> dict[tuple, int]:
+    """Key path → 1-based line, from a composed YAML node tree."""
+    import yaml
+
+    lines = {prefix: node.start_mark.line + 1} if node is not None else {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = prefix + (str(key.value),)
+            lines[path] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _key_lines(value, path).items() if k != path})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_key_lines(item, prefix + (i,)))
+    return lines
+
+
+def _apply_override(data: dict, item: str, path: Path) -> None:
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. --set pipeline=fused)")
+    target = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = target[part] = {}
+        target = nxt
+    try:
+        target[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+
+
+def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"input {name!r}: cannot read '{path}' ({err}): give a .npy or .npz file") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            pick = key or (name if name in loaded.files else (loaded.files[0] if len(loaded.files) == 1 else None))
+            if pick not in loaded.files:
+                raise ConfigError(f"input {name!r}: '{path}' has arrays {loaded.files}: set 'key' to one of them")
+            return loaded[pick]
+    return loaded
+
+
+class _Validator:
+    """Checks every key of a parsed config, collecting every problem before raising."""
+
+    def __init__(self, path: Path, lines: dict):
+        self.path, self.lines, self.problems = path, lines, []
+        self.base = path.parent
+
+    def fail(self, keys: tuple, message: str) -> None:
+        line = next((self.lines[keys[:n]] for n in range(len(keys), -1, -1) if keys[:n] in self.lines), 1)
+        self.problems.append((line, f"{'.'.join(map(str, keys)) or '(top)'}: {message}"))
+
+    def config(self, data: dict) -> Config:
+        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output")
+        self.unknown_keys(data, (), known)
+        if "model" not in data:
+            self.fail(("model",), "missing: give {onnx: PATH} or {demo: {...}}")
+        model = self.model(data.get("model")) if "model" in data else None
+        cfg = Config(
+            model=model or ModelSpec(demo={}),
+            inputs=self.inputs(data.get("inputs") or {}),
+            target=self.string(data, ("target",), "llvm"),
+            pipeline=self.choice(data, ("pipeline",), ("default", "fused"), "default"),
+            capture=self.capture(data.get("capture", "all")),
+            reference=self.reference(data.get("reference", "onnxruntime")),
+            output=self.output(data.get("output") or {}),
+            source=self.path,
+        )
+        if self.problems:
+            self.problems.sort()
+            shown = "; ".join(f"line {line}: {msg}" for line, msg in self.problems)
+            count = f"{len(self.problems)} problems" if len(self.problems) > 1 else "1 problem"
+            if len(self.problems) == 1:
+                raise ConfigError(f"{self.path}:{self.problems[0][0]}: {self.problems[0][1]}")
+            raise ConfigError(f"{self.path} has {count}: {shown}")
+        return cfg
+
+    # -- helpers ------------------------------------------------------------------------------
+    def unknown_keys(self, mapping: dict, keys: tuple, known) -> None:
+        for k in mapping:
+            if k not in known:
+                self.fail(keys + (k,), f"unknown key; valid keys here: {', '.join(known)}")
+
+    def mapping(self, value, keys: tuple) -> dict | None:
+        if not isinstance(value, dict):
+            self.fail(keys, f"must be a mapping, got {type(value).__name__}")
+            return None
+        return value
+
+    def string(self, data: dict, keys: tuple, default: str) -> str:
+        value = data.get(keys[-1], default)
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a non-empty string, got {value!r}")
+            return default
+        return value
+
+    def choice(self, data: dict, keys: tuple, choices, default: str) -> str:
+        value = data.get(keys[-1], default)
+        if value not in choices:
+            self.fail(keys, f"must be one of {', '.join(choices)}, got {value!r}")
+            return default
+        return value
+
+    def number(self, data: dict, keys: tuple, default: float) -> float:
+        value = data.get(keys[-1], default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            self.fail(keys, f"must be a number >= 0, got {value!r}")
+            return default
+        return float(value)
+
+    def resolve(self, value: str) -> Path:
+        """A config path: relative ones are relative to the config file's folder."""
+        return Path(os.path.normpath(self.base / value))
+
+    def existing_file(self, value, keys: tuple) -> Path | None:
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a file path, got {value!r}")
+            return None
+        path = self.resolve(value)
+        if not path.is_file():
+            self.fail(keys, f"file '{path}' does not exist")
+            return None
+        return path
+
+    def out_dir(self, value, keys: tuple) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a folder path, got {value!r}")
+            return None
+        return self.resolve(value)
+
+    # -- sections -----------------------------------------------------------------------------
+    def model(self, value) -> ModelSpec | None:
+        keys = ("model",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("onnx", "demo", "shapes"))
+        if ("onnx" in value) == ("demo" in value):
+            self.fail(keys, "give exactly one of 'onnx: PATH' or 'demo: {...}'")
+            return None
+        if "onnx" in value:
+            shapes = value.get("shapes") or {}
+            if self.mapping(shapes, keys + ("shapes",)) is None:
+                shapes = {}
+            clean = {}
+            for name, dims in shapes.items():
+                if not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
+                    self.fail(keys + ("shapes", name), f"must be a list of positive integers, got {dims!r}")
+                else:
+                    clean[name] = tuple(dims)
+            return ModelSpec(onnx=self.existing_file(value["onnx"], keys + ("onnx",)), shapes=clean)
+        demo = value["demo"] or {}
+        if self.mapping(demo, keys + ("demo",)) is None:
+            return None
+        self.unknown_keys(demo, keys + ("demo",), ("preset",) + DEMO_SIZES)
+        if demo.get("preset", "tiny") not in ("tiny", "bert-base"):
+            self.fail(keys + ("demo", "preset"), f"must be one of tiny, bert-base, got {demo.get('preset')!r}")
+        for size in DEMO_SIZES:
+            if size in demo and (isinstance(demo[size], bool) or not isinstance(demo[size], int) or demo[size] < 0):
+                self.fail(keys + ("demo", size), f"must be a non-negative integer, got {demo[size]!r}")
+        return ModelSpec(demo=dict(demo))
+
+    def inputs(self, value) -> tuple[InputSource, ...]:
+        keys = ("inputs",)
+        if self.mapping(value, keys) is None:
+            return ()
+        sources = []
+        for name, spec in value.items():
+            here = keys + (name,)
+            if self.mapping(spec, here) is None:
+                continue
+            self.unknown_keys(spec, here, ("random", "file", "key"))
+            if ("random" in spec) == ("file" in spec):
+                self.fail(here, "give exactly one of 'random: {...}' or 'file: PATH'")
+                continue
+            if "file" in spec:
+                sources.append(InputSource(name, file=self.existing_file(spec["file"], here + ("file",)),
+                                           key=spec.get("key")))
+                continue
+            rnd = spec["random"] or {}
+            if self.mapping(rnd, here + ("random",)) is None:
+                continue
+            self.unknown_keys(rnd, here + ("random",), ("seed", "shape", "dtype", "low", "high"))
+            if "dtype" in rnd and rnd["dtype"] not in DTYPES:
+                self.fail(here + ("random", "dtype"), f"must be one of {', '.join(DTYPES)}, got {rnd['dtype']!r}")
+            if "shape" in rnd and not (isinstance(rnd["shape"], list)
+                                       and all(isinstance(d, int) and d >= 0 for d in rnd["shape"])):
+                self.fail(here + ("random", "shape"), f"must be a list of non-negative integers, got {rnd['shape']!r}")
+            for bound in ("low", "high", "seed"):
+                if bound in rnd and (isinstance(rnd[bound], bool) or not isinstance(rnd[bound], (int, float))):
+                    self.fail(here + ("random", bound), f"must be a number, got {rnd[bound]!r}")
+            sources.append(InputSource(name, random=dict(rnd)))
+        return tuple(sources)
+
+    def capture(self, value):
+        # Names and patterns are checked against the model once it is imported.
+        if value == "all" or value is None:
+            return value
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            self.fail(("capture",), f"must be 'all' or a list of names/patterns, got {value!r}")
+            return "all"
+        return tuple(value)
+
+    def reference(self, value) -> ReferenceSpec:
+        keys = ("reference",)
+        if isinstance(value, str) or value is None:
+            value = {"runtime": value or "none"}
+        if self.mapping(value, keys) is None:
+            return ReferenceSpec()
+        self.unknown_keys(value, keys, ("runtime", "model", "atol", "rtol", "tolerances"))
+        runtime = self.choice(value, keys + ("runtime",), REFERENCES, "onnxruntime")
+        model = self.existing_file(value["model"], keys + ("model",)) if "model" in value else None
+        tolerances = []
+        per = value.get("tolerances") or {}
+        if self.mapping(per, keys + ("tolerances",)) is not None:
+            for pattern, tol in per.items():
+                here = keys + ("tolerances", pattern)
+                if self.mapping(tol, here) is None:
+                    continue
+                self.unknown_keys(tol, here, ("atol", "rtol"))
+                tolerances.append((str(pattern), Tolerance(self.number(tol, here + ("atol",), 1e-4),
+                                                           self.number(tol, here + ("rtol",), 1e-3))))
+        return ReferenceSpec(runtime=runtime, model=model, atol=self.number(value, keys + ("atol",), 1e-4),
+                             rtol=self.number(value, keys + ("rtol",), 1e-3), tolerances=tuple(tolerances))
+
+    def output(self, value) -> OutputSpec:
+        keys = ("output",)
+        if self.mapping(value, keys) is None:
+            return OutputSpec()
+        self.unknown_keys(value, keys, ("dump", "report", "write", "overwrite"))
+        write = value.get("write", list(REPORT_FORMATS))
+        if isinstance(write, str):
+            write = [write]
+        if not isinstance(write, list) or any(w not in REPORT_FORMATS for w in write):
+            self.fail(keys + ("write",), f"must be a list of {', '.join(REPORT_FORMATS)}, got {write!r}")
+            write = list(REPORT_FORMATS)
+        overwrite = value.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            self.fail(keys + ("overwrite",), f"must be true or false, got {overwrite!r}")
+            overwrite = False
+        return OutputSpec(dump=self.out_dir(value.get("dump"), keys + ("dump",)),
+                          report=self.out_dir(value.get("report"), keys + ("report",)),
+                          write=tuple(write), overwrite=overwrite)
