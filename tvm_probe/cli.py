@@ -6,19 +6,22 @@
     tvm-probe compare DUMP                      compare a dump with the reference runtime
     tvm-probe report DUMP -o DIR                tables (CSV, HTML) and graph for a dump
     tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
+    tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
 
 Exit status: 0 when every compared value is within tolerance, 1 when some value diverges,
-2 on bad input (a one-line error, never a traceback).
+2 on bad input (a one-line error, never a traceback), 3 on an internal error (a bug in tvm_probe
+or a TVM behaviour it does not know; set TVM_PROBE_TRACEBACK=1 to see the traceback).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .errors import ProbeError
+from .errors import ProbeError, one_line
 
-EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +33,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tvm-probe", description=__doc__.split("\n\n")[0],
-                epilog="Exit status: 0 all values within tolerance, 1 some value diverges, 2 bad input.",
+                epilog="Exit status: 0 all values within tolerance, 1 some value diverges, 2 bad input, "
+                       "3 internal error.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress display")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -65,7 +69,52 @@ def _parser() -> argparse.ArgumentParser:
     graph = sub.add_parser("graph", help="write the kernel graph of a dump as DOT or SVG")
     graph.add_argument("dump", type=Path)
     graph.add_argument("-o", "--output", type=Path, required=True, help="graph.dot or graph.svg")
+    spl = sub.add_parser("split", help="cut the model into pipeline stages (the config's 'split' key), "
+                                       "write the plan and verify the chained stages",
+                         description="Cut the model where the config's 'split' key says, export every value "
+                                     "that crosses a cut, compile each stage, and check that the chained "
+                                     "stages reproduce the whole model (max abs difference <= --atol).")
+    spl.add_argument("config", type=Path)
+    spl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    spl.add_argument("--atol", type=float, default=1e-5, help="allowed difference (default: 1e-5)")
     return p
+
+
+def _cmd_split(args, progress) -> int:
+    import numpy as np
+
+    from .config import ConfigError, load_config
+    from .investigate import config_inputs
+    from .split import balance, run_pipeline, split
+
+    config = load_config(args.config, args.overrides)
+    if config.split is None:
+        raise ConfigError(f"{config.source}: split: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
+    model = config.model.load()
+    probe, inputs = config_inputs(config, model, progress)
+    cuts = list(config.split.cuts)
+    if config.split.balance:
+        with progress.stage("balance"):
+            cuts, evenness = balance(model, config.split.balance, inputs, config.target, config.pipeline)
+        print(f"proposed cuts after {', '.join(cuts)} (slowest stage / mean = {evenness:.2f})")
+    with progress.stage(f"split into {len(cuts) + 1} stages"):
+        plan = split(model, cuts, config.target, config.pipeline, dict(config.model.shapes))
+    with progress.stage("verify"):
+        whole = probe.run(inputs, capture=None)
+        chained = run_pipeline(plan, inputs)
+        plan.measure(inputs)
+    diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]))) for k in whole)
+    table, stages = plan.table(), plan.stage_table()
+    print(stages.to_string(index=False))
+    print(f"{len(table)} values cross {len(cuts)} cut(s), {int(table['bytes'].sum())} bytes per inference")
+    if config.output.report is not None:
+        config.output.report.mkdir(parents=True, exist_ok=True)
+        table.to_csv(config.output.report / "split_plan.csv", index=False)
+        stages.to_csv(config.output.report / "split_stages.csv", index=False)
+        print(f"plan: {config.output.report / 'split_plan.csv'}")
+    ok = diff <= args.atol
+    print(f"chained stages {'match' if ok else 'DO NOT match'} the whole model: max abs difference {diff:.3g}")
+    return EXIT_OK if ok else EXIT_DIVERGED
 
 
 def _cmd_run(args, progress) -> int:
@@ -194,7 +243,7 @@ def _cmd_graph(args, progress) -> int:
 
 
 _COMMANDS = {"run": _cmd_run, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare,
-             "report": _cmd_report, "graph": _cmd_graph}
+             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split}
 
 
 def main(argv=None) -> int:
@@ -213,6 +262,12 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:  # `tvm-probe get ... | head`
         return EXIT_OK
+    except Exception as err:  # a bug: keep it apart from divergence (1) and bad input (2)
+        if os.environ.get("TVM_PROBE_TRACEBACK"):
+            raise
+        print(f"tvm-probe: internal error: {type(err).__name__}: {one_line(err)} (a bug in tvm_probe "
+              "or an unsupported TVM behaviour; set TVM_PROBE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

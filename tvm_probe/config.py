@@ -10,6 +10,7 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     reference:  none | onnxruntime | {runtime: onnxruntime, model: PATH, atol: X, rtol: X,
                                       tolerances: {PATTERN: {atol: X, rtol: X}}}
     output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false}
+    split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
 
 Every problem is reported with its file, line and key path, all at once, in one line:
 ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -125,6 +126,14 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class SplitSpec:
+    """Where ``tvm-probe split`` cuts: named cuts, or ``balance`` cuts at layer boundaries."""
+
+    cuts: tuple[str, ...] = ()
+    balance: int | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated config (see the module docstring)."""
 
@@ -135,6 +144,7 @@ class Config:
     capture: Any = "all"
     reference: ReferenceSpec = ReferenceSpec()
     output: OutputSpec = OutputSpec()
+    split: SplitSpec | None = None
     source: Path | None = None
 
 
@@ -227,7 +237,7 @@ class _Validator:
         self.problems.append((line, f"{'.'.join(map(str, keys)) or '(top)'}: {message}"))
 
     def config(self, data: dict) -> Config:
-        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output")
+        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split")
         self.unknown_keys(data, (), known)
         if "model" not in data:
             self.fail(("model",), "missing: give {onnx: PATH} or {demo: {...}}")
@@ -240,6 +250,7 @@ class _Validator:
             capture=self.capture(data.get("capture", "all")),
             reference=self.reference(data.get("reference", "onnxruntime")),
             output=self.output(data.get("output") or {}),
+            split=self.split(data["split"]) if "split" in data else None,
             source=self.path,
         )
         if self.problems:
@@ -420,3 +431,23 @@ class _Validator:
         return OutputSpec(dump=self.out_dir(value.get("dump"), keys + ("dump",)),
                           report=self.out_dir(value.get("report"), keys + ("report",)),
                           write=tuple(write), overwrite=overwrite)
+
+    def split(self, value) -> SplitSpec | None:
+        keys = ("split",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("cuts", "balance"))
+        if ("cuts" in value) == ("balance" in value):
+            self.fail(keys, "give exactly one of 'cuts: [...]' or 'balance: N'")
+            return None
+        if "balance" in value:
+            n = value["balance"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                self.fail(keys + ("balance",), f"must be a positive integer (number of cuts), got {n!r}")
+                return None
+            return SplitSpec(balance=n)
+        cuts = value["cuts"]
+        if not isinstance(cuts, list) or not cuts or not all(isinstance(c, str) and c.strip() for c in cuts):
+            self.fail(keys + ("cuts",), f"must be a non-empty list of names, scopes or patterns, got {cuts!r}")
+            return None
+        return SplitSpec(cuts=tuple(cuts))

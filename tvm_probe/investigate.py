@@ -36,19 +36,9 @@ class Outcome:
 
 def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes (see the module docstring)."""
-    from .build import compile_with_snapshots
-    from .importer.onnx import import_onnx
-    from .kernel_map import build_kernel_map
-    from .probe import Probe
-
     progress = progress or Progress(enabled=False)
-    with progress.stage("import"):
-        model = config.model.load()
-        imported = import_onnx(model, dict(config.model.shapes))
-    with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
-        built = compile_with_snapshots(imported.mod, config.target, config.pipeline)
-        probe = Probe(imported, built, build_kernel_map(imported, built.snapshots))
-    inputs = _inputs(config, probe, model)
+    model = config.model.load()
+    probe, inputs = config_inputs(config, model, progress)
     with progress.stage("run"):
         probe.run(inputs, capture=config.capture if config.capture is None or config.capture == "all"
                   else list(config.capture))
@@ -66,6 +56,21 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
             outcome.report = write_report(config.output.report, probe, outcome.comparison,
                                           formats=config.output.write)
     return outcome
+
+
+def config_inputs(config: Config, model, progress: Progress):
+    """Import and compile ``model`` as ``config`` says; return the probe and the run's inputs."""
+    from .build import compile_with_snapshots
+    from .importer.onnx import import_onnx
+    from .kernel_map import build_kernel_map
+    from .probe import Probe
+
+    with progress.stage("import"):
+        imported = import_onnx(model, dict(config.model.shapes))
+    with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
+        built = compile_with_snapshots(imported.mod, config.target, config.pipeline)
+        probe = Probe(imported, built, build_kernel_map(imported, built.snapshots))
+    return probe, _inputs(config, probe, model)
 
 
 def _inputs(config: Config, probe, model) -> dict[str, np.ndarray]:

@@ -93,6 +93,11 @@ class Probe(Results):
         return list(self.imported.inputs)
 
     @property
+    def last_run_us(self) -> float | None:
+        """Wall time of the last :meth:`run` of the executable, in microseconds."""
+        return self._capture.total_us if self._capture is not None else None
+
+    @property
     def pipeline(self) -> str:
         return self.built.pipeline
 

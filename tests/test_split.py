@@ -1,0 +1,79 @@
+"""Pipeline split: every value crossing a cut is exported; chained stages equal the whole model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_probe import Probe, demo
+from tvm_probe.split import SplitError, balance, layer_boundaries, run_pipeline, split
+
+MASK = "tf_bert_for_sequence_classification/bert/Mul:0"  # the extended mask, made once before layer 0
+
+
+@pytest.fixture(scope="module")
+def bert12():
+    model = demo.tiny_bert(num_layers=12)
+    inputs = demo.demo_inputs(model)
+    whole = Probe.from_onnx(model).run(inputs)
+    return model, inputs, whole
+
+
+def test_split_4_8_exports_the_mask_and_chains_to_the_whole(bert12):
+    model, inputs, whole = bert12
+    plan = split(model, ["layer_._3/output/LayerNorm"])
+    assert len(plan.stages) == 2
+    crossing = set(plan.crossings[0])
+    assert MASK in crossing, "the mask is computed before layer 0 and used by layers 4-11"
+    assert "tf_bert_for_sequence_classification/bert/encoder/layer_._3/output/LayerNorm/batchnorm/add_1:0" in crossing
+    assert set(plan.stages[0].outputs) == crossing and set(plan.stages[1].inputs) == crossing
+    chained = run_pipeline(plan, inputs, capture="all")
+    np.testing.assert_allclose(chained["logits"], whole["logits"], rtol=0, atol=1e-5)
+    table = plan.table()
+    assert set(table["tensor"]) == crossing
+    assert table.loc[table["tensor"] == MASK, "bytes"].item() == 4 * 16
+    # each stage is a probe like any other
+    second = plan.stages[1].probe
+    assert second.get("layer_._4/attention/self/Softmax").shape == (1, 4, 16, 16)
+
+
+def test_three_way_split(bert12):
+    model, inputs, whole = bert12
+    plan = split(model, ["layer_._3/output/LayerNorm", "*/layer_._7/*"], pipeline="fused")
+    assert len(plan.stages) == 3
+    assert MASK in plan.crossings[0] and MASK in plan.crossings[1]
+    np.testing.assert_allclose(run_pipeline(plan, inputs)["logits"], whole["logits"], atol=1e-5)
+    times = plan.measure(inputs, runs=1)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert abs(plan.stage_table()["time_share"].sum() - 1) < 1e-9
+
+
+def test_balance_proposes_layer_boundary_cuts(bert12):
+    model, inputs, _ = bert12
+    assert len(layer_boundaries(model)) == 12
+    cuts, evenness = balance(model, 1, inputs, runs=1)
+    assert len(cuts) == 1 and cuts[0].startswith("tf_bert_for_sequence_classification/bert/encoder/layer_._")
+    assert 1.0 <= evenness < 1.5
+
+
+@pytest.mark.parametrize("cuts, message", [
+    (["layer_._99/output"], "cut 'layer_._99/output' names no node, scope or value of the model"),
+    (["layer_._7/output/LayerNorm", "layer_._3/output/LayerNorm"], "cuts are out of order"),
+    (["output/LayerNorm"], "cut 'output/LayerNorm' matches 24 scopes"),
+    (["bert/embeddings/range"], "cut 'bert/embeddings/range' does not separate the graph"),
+    (["classifier/BiasAdd"], "the last stage would be empty"),
+    ([], "no cuts given"),
+])
+def test_bad_cuts(bert12, cuts, message):
+    with pytest.raises(SplitError) as err:
+        split(bert12[0], cuts)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_bert_base_split_matches_the_whole():
+    model = demo.bert_base()
+    inputs = demo.demo_inputs(model)
+    plan = split(model, ["layer_._3/output/LayerNorm"], pipeline="fused")
+    whole = Probe.from_onnx(model, pipeline="fused").run(inputs)
+    assert MASK in plan.crossings[0]
+    np.testing.assert_allclose(run_pipeline(plan, inputs)["logits"], whole["logits"], rtol=0, atol=1e-5)

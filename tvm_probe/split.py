@@ -1,0 +1,316 @@
+"""Pipeline split: cut a model into stages, exporting every value that crosses a cut.
+
+The classic mistake when splitting BERT by hand (layers 0–3 | 4–11) is to pass only the hidden
+state: the extended attention mask is computed once before layer 0 and used by every layer, so
+the second stage silently lacks it.  tvm_probe knows every value and who uses it:
+
+* a cut is a position in the source graph's node order (which ONNX requires to be topological):
+  after the last node matching a source name, a scope (``layer_._3/output/LayerNorm``) or a glob;
+* every value produced before a cut and used after it crosses the cut — hidden states, masks,
+  constants and shape values alike — and becomes an output of the stage that made it;
+* each stage is an ONNX sub-model compiled by TVM as a :class:`~tvm_probe.Probe`, so it can be
+  run, probed and dumped like a whole model.
+
+    plan = split(model, cuts=["layer_._3/output/LayerNorm"])
+    outputs = run_pipeline(plan, inputs)
+    plan.table()                     # per cut: crossing values, shape, dtype, bytes per inference
+    balance(model, 2, inputs)        # 2 cuts at layer boundaries that even out stage time
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from itertools import combinations
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import ProbeError
+from .names import NameIndex, is_pattern
+from .sources import Kind, SourceMap
+
+# A path component naming one repeated layer: layer_._3, layer.3, layers.3, h.3, block_3 ...
+LAYER_RE = re.compile(r"(?:^|/)((?:[\w.]*?[/.])?(?:layer|layers|block|blocks|h)(?:_\._|[._])?\d+)(?=/|$)")
+
+
+class SplitError(ProbeError):
+    """A cut names nothing, does not separate the graph, or cuts are out of order."""
+
+
+@dataclass
+class Stage:
+    """One stage: an ONNX sub-model, compiled; inputs and outputs named by source names."""
+
+    index: int
+    model: object
+    probe: object
+    inputs: list[str]
+    outputs: list[str]
+    first_node: int
+    last_node: int
+
+    def run(self, values: Mapping[str, np.ndarray], capture=None) -> dict[str, np.ndarray]:
+        """Run this stage on ``values`` (a superset of its inputs is fine)."""
+        return self.probe.run({name: values[name] for name in self.inputs}, capture=capture)
+
+
+@dataclass
+class SplitPlan:
+    """Stages in order and what crosses each cut."""
+
+    stages: list[Stage]
+    cut_after: list[str]
+    crossings: list[list[str]]
+    sources: SourceMap
+    stage_time_us: list[float] = field(default_factory=list)
+
+    def table(self):
+        """DataFrame: per cut, every crossing value with shape, dtype, bytes per inference."""
+        import pandas as pd
+
+        rows = []
+        for cut, (after, keys) in enumerate(zip(self.cut_after, self.crossings)):
+            for key in keys:
+                value = self.sources[key]
+                nbytes = int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize
+                rows.append({"cut": cut, "after": after, "value": value.display_name, "tensor": key,
+                             "op_type": value.op_type, "shape": value.shape, "dtype": value.dtype,
+                             "bytes": nbytes})
+        return pd.DataFrame(rows, columns=["cut", "after", "value", "tensor", "op_type", "shape", "dtype", "bytes"])
+
+    def stage_table(self):
+        """DataFrame: per stage, its node range, inputs/outputs count, measured time and share."""
+        import pandas as pd
+
+        total = sum(self.stage_time_us) or None
+        return pd.DataFrame([{
+            "stage": s.index, "first_node": self.sources_name(s.first_node),
+            "last_node": self.sources_name(s.last_node), "inputs": len(s.inputs), "outputs": len(s.outputs),
+            "time_us": self.stage_time_us[s.index] if self.stage_time_us else None,
+            "time_share": (self.stage_time_us[s.index] / total) if total else None,
+        } for s in self.stages])
+
+    def measure(self, inputs: Mapping[str, np.ndarray], runs: int = 3) -> list[float]:
+        """Median run time of each stage's executable over ``runs`` chained runs (µs)."""
+        samples = []
+        for _ in range(max(1, runs)):
+            run_pipeline(self, inputs)
+            samples.append([s.probe.last_run_us for s in self.stages])
+        self.stage_time_us = [float(t) for t in np.median(np.array(samples), axis=0)]
+        return self.stage_time_us
+
+    def sources_name(self, topo: int) -> str:
+        return next((v.node or v.key for v in self.sources if v.topo_index == topo), str(topo))
+
+
+# ------------------------------------------------------------------------------- cutting
+def _cut_position(name: str, proto, names: NameIndex, sources: SourceMap) -> int:
+    """Topo index of the last node the cut ``name`` covers (value name, scope or glob)."""
+    node_names = [n.name for n in proto.graph.node]
+    if is_pattern(name):
+        hits = [i for i, n in enumerate(node_names) if n and (fnmatch.fnmatchcase(n, name)
+                                                               or fnmatch.fnmatchcase(n, "*/" + name))]
+    else:
+        prefixes = _scope_prefixes(name.strip("/") + "/", node_names)
+        if len(prefixes) > 1:
+            shown = ", ".join(sorted(repr(p.rstrip("/")) for p in prefixes)[:4])
+            raise SplitError(f"cut {name!r} matches {len(prefixes)} scopes ({shown}): give a longer name")
+        hits = [i for i, n in enumerate(node_names) if prefixes and n.startswith(next(iter(prefixes)))]
+        if not hits:
+            try:
+                key = names.resolve(name)
+            except ProbeError:
+                raise SplitError(f"cut {name!r} names no node, scope or value of the model "
+                                 "(list names with probe.sources)") from None
+            hits = [sources[key].topo_index] if sources[key].topo_index >= 0 else []
+    if not hits:
+        raise SplitError(f"cut {name!r} matches no node of the model")
+    return max(hits)
+
+
+def _scope_prefixes(scope: str, node_names) -> set[str]:
+    """The distinct full prefixes ``.../<scope>/`` under which some node is named."""
+    prefixes = set()
+    for n in node_names:
+        if n.startswith(scope):
+            prefixes.add(scope)
+        elif "/" + scope in n:
+            prefixes.add(n[: n.index("/" + scope) + 1 + len(scope)])
+    return prefixes
+
+
+def _consumers(proto) -> dict[str, list[int]]:
+    users: dict[str, list[int]] = {}
+    for i, node in enumerate(proto.graph.node):
+        for name in node.input:
+            if name:
+                users.setdefault(name, []).append(i)
+    return users
+
+
+def _crossing(proto, sources: SourceMap, position: int, users) -> list[str]:
+    """Values produced at or before ``position`` and used after it (or graph outputs)."""
+    outputs = {o.name for o in proto.graph.output}
+    crossing = []
+    for value in sources:
+        if value.kind in (Kind.PARAM, Kind.INPUT) or value.topo_index > position:
+            continue
+        if any(u > position for u in users.get(value.key, ())) or value.key in outputs:
+            crossing.append(value.key)
+    return crossing
+
+
+def _stage_model(proto, sources: SourceMap, lo: int, hi: int, outputs: list[str], index: int):
+    """ONNX sub-model of nodes ``lo..hi`` producing ``outputs``; inputs are what it reads from outside."""
+    import onnx
+    from onnx import helper
+
+    nodes = list(proto.graph.node[lo: hi + 1])
+    produced = {o for n in nodes for o in n.output}
+    inits = {t.name: t for t in proto.graph.initializer}
+    needed = [i for n in nodes for i in n.input if i and i not in produced]
+    inputs = list(dict.fromkeys(i for i in needed if i not in inits))
+    weights = [inits[i] for i in dict.fromkeys(needed) if i in inits]
+
+    def info(key):
+        value = sources[key]
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype))
+        return helper.make_tensor_value_info(key, elem, list(value.shape))
+
+    graph = helper.make_graph(nodes, f"{proto.graph.name or 'model'}_stage{index}",
+                              [info(i) for i in inputs], [info(o) for o in outputs], weights)
+    model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
+    onnx.checker.check_model(model)
+    return model, inputs
+
+
+def split(model, cuts: Sequence[str], target="llvm", pipeline="default", shapes=None) -> SplitPlan:
+    """Cut ``model`` after each of ``cuts`` (in model order) and compile every stage.
+
+    Args:
+        model: an ONNX path or ``onnx.ModelProto``.
+        cuts: source names, scopes (``layer_._3/output/LayerNorm``) or glob patterns; the cut
+            goes after the last node each one covers.
+        target, pipeline, shapes: as for :meth:`Probe.from_onnx`, for every stage.
+
+    Raises:
+        SplitError: a cut names nothing, cuts are out of order or equal, a stage would be
+            empty, or nothing crosses a cut (it does not separate the graph).
+    """
+    from .importer.onnx import import_onnx, load_onnx
+    from .probe import Probe
+
+    proto = load_onnx(model)
+    imported = import_onnx(proto, shapes)
+    sources, names = imported.sources, NameIndex(imported.sources)
+    if not cuts:
+        raise SplitError("no cuts given: name at least one value or scope to cut after")
+    positions = [_cut_position(c, proto, names, sources) for c in cuts]
+    for (a, pa), (b, pb) in zip(zip(cuts, positions), zip(cuts[1:], positions[1:])):
+        if pb <= pa:
+            raise SplitError(f"cuts are out of order: {b!r} comes at or before {a!r} in the model; "
+                             "list cuts in model order")
+    last = len(proto.graph.node) - 1
+    if positions[-1] >= last:
+        raise SplitError(f"cut {cuts[-1]!r} is after the last node: the last stage would be empty")
+    users = _consumers(proto)
+    crossings = []
+    for cut, pos in zip(cuts, positions):
+        keys = [k for k in _crossing(proto, sources, pos, users) if k not in sources.model_outputs]
+        runtime = [k for k in keys if sources[k].kind is not Kind.CONSTANT]
+        if not runtime:
+            raise SplitError(f"cut {cut!r} does not separate the graph: no computed value crosses it")
+        crossings.append(keys)
+    bounds = [-1] + positions + [last]
+    stages = []
+    model_outputs = set(sources.model_outputs)
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i] + 1, bounds[i + 1]
+        later_users = {k for k in sources.values if any(u > hi for u in users.get(k, ()))}
+        outs = [v.key for v in sources if lo <= v.topo_index <= hi and v.kind is not Kind.PARAM
+                and (v.key in later_users or v.key in model_outputs)]
+        sub, inputs = _stage_model(proto, sources, lo, hi, outs, i)
+        probe = Probe.from_onnx(sub, target=target, pipeline=pipeline)
+        stages.append(Stage(i, sub, probe, inputs, outs, lo, hi))
+    return SplitPlan(stages=stages, cut_after=list(cuts), crossings=crossings, sources=sources)
+
+
+def run_pipeline(plan: SplitPlan | Sequence[Stage], inputs: Mapping[str, np.ndarray],
+                 capture=None) -> dict[str, np.ndarray]:
+    """Run the stages in order, each fed from the model inputs and earlier stages' outputs.
+
+    Returns the model outputs.  ``capture`` is passed to every stage's run, so each stage can
+    be probed afterwards (``plan.stages[1].probe.get(...)``).
+    """
+    stages = plan.stages if isinstance(plan, SplitPlan) else list(plan)
+    values = dict(inputs)
+    for stage in stages:
+        missing = [n for n in stage.inputs if n not in values]
+        if missing:
+            raise SplitError(f"stage {stage.index} needs {missing[0]!r}, which no input or earlier stage provides")
+        values.update(stage.run(values, capture=capture))
+    final = stages[-1].probe.imported.sources.model_outputs if stages else []
+    outputs = plan.sources.model_outputs if isinstance(plan, SplitPlan) else final
+    return {name: values[name] for name in outputs if name in values}
+
+
+# ------------------------------------------------------------------------------- balancing
+def layer_boundaries(model) -> list[tuple[str, int]]:
+    """``(layer scope, topo index of its last node)`` for every repeated layer, in model order."""
+    from .importer.onnx import load_onnx
+
+    proto = load_onnx(model)
+    last: dict[str, int] = {}
+    for i, node in enumerate(proto.graph.node):
+        m = LAYER_RE.search(node.name or "")
+        if m:
+            scope = node.name[: m.end(1)]
+            last[scope] = i
+    return sorted(last.items(), key=lambda kv: kv[1])
+
+
+def node_times(probe) -> np.ndarray:
+    """Measured time of each source-graph node position, from a probe's last run.
+
+    A kernel's time is charged to the latest source node it computes (fused kernels hold several).
+    """
+    n = 1 + max((v.topo_index for v in probe.sources_map), default=0)
+    times = np.zeros(n)
+    for node in probe.node_infos:
+        keys = [k for ks in node.output_keys for k in ks] + node.interior_keys
+        topo = [probe.sources_map[k].topo_index for k in keys if probe.sources_map[k].topo_index >= 0]
+        if topo and node.time_us:
+            times[max(topo)] += node.time_us
+    return times
+
+
+def balance(model, n: int, inputs: Mapping[str, np.ndarray], target="llvm", pipeline="default",
+            runs: int = 3) -> tuple[list[str], float]:
+    """Propose ``n`` cuts at layer boundaries that even out measured stage time.
+
+    Times come from ``runs`` probe runs of the whole model (median per kernel).  Returns the
+    cuts (layer scopes) and the evenness: slowest stage time / mean stage time (1.0 is perfect).
+    """
+    from .probe import Probe
+
+    boundaries = layer_boundaries(model)
+    if n < 1 or n >= len(boundaries) + 1:
+        raise SplitError(f"cannot place {n} cuts: the model has {len(boundaries)} layer boundaries")
+    probe = Probe.from_onnx(model, target=target, pipeline=pipeline)
+    samples = []
+    for _ in range(max(1, runs)):
+        probe.run(inputs, capture=None)
+        samples.append(node_times(probe))
+    cumulative = np.cumsum(np.median(np.stack(samples), axis=0))
+    total = cumulative[-1]
+    positions = [pos for _, pos in boundaries if pos < len(cumulative) - 1]
+    best, best_cost = None, np.inf
+    for combo in combinations(positions, n):
+        edges = [0.0] + [cumulative[p] for p in combo] + [total]
+        cost = max(b - a for a, b in zip(edges, edges[1:]))
+        if cost < best_cost:
+            best, best_cost = combo, cost
+    scope_of = {pos: scope for scope, pos in boundaries}
+    evenness = best_cost / (total / (n + 1)) if total else 1.0
+    return [scope_of[p] for p in best], float(evenness)
