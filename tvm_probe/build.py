@@ -16,10 +16,17 @@ Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are i
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .errors import PipelineError, one_line
+
+log = logging.getLogger(__name__)
 
 PIPELINES = ("default", "fused")
 PipelineLike = Union[str, Any]  # a name from PIPELINES or a tvm.transform.Pass
@@ -136,7 +143,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default") -> B
     pass_, label = resolve_pipeline(pipeline, target)
     snaps = Snapshots()
     try:
-        with target, _context_with(_instrument(snaps)):
+        with native_log_to_logging(), target, _context_with(_instrument(snaps)):
             lowered = pass_(mod)
     except Exception as err:
         raise PipelineError(f"pipeline {label!r} failed for target {target.kind.name}: {one_line(err)}") from None
@@ -145,10 +152,39 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default") -> B
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
     try:
-        executable = relax.build(lowered, target, relax_pipeline=None)
+        with native_log_to_logging():
+            executable = relax.build(lowered, target, relax_pipeline=None)
     except Exception as err:
         raise PipelineError(f"building for {target.kind.name} failed: {one_line(err)}") from None
     return BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
+
+
+@contextlib.contextmanager
+def native_log_to_logging():
+    """Send what TVM's C++ code prints to stderr while compiling to ``logging`` instead.
+
+    TVM logs warnings such as "Fast mode segfaults when there are out-of-bounds indices" for
+    every Gather; on a terminal they bury tvm_probe's own one-line messages.  They go to the
+    ``tvm_probe.build`` logger at INFO level (``tvm-probe -v`` shows them).
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced (e.g. a notebook): leave it
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode("utf-8", "replace").splitlines():
+                if line.strip():
+                    log.info("TVM: %s", line.strip())
 
 
 def compile_plain(mod, target, pipeline: PipelineLike = "default"):

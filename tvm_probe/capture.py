@@ -80,11 +80,15 @@ class DebugExecutor:
         self.vm.set_instrument(_continue)
         return self.vm["main"](*device_inputs)
 
-    def run(self, inputs: list[np.ndarray], plan: CapturePlan) -> Capture:
-        """Run once with the instrument; return what ``plan`` asked to copy."""
+    def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None) -> Capture:
+        """Run once with the instrument; return what ``plan`` asked to copy.
+
+        ``sink(node, outputs)``, when given, receives each copied node's outputs instead of the
+        returned Capture (so they can go to disk at once and not accumulate in memory).
+        """
         capture = Capture(inputs=inputs)
         device_inputs = self.to_device(inputs)
-        calls = self._instrument(capture, plan)
+        calls = _Calls(self._km, capture, plan, sink)
         t0 = time.perf_counter()
         self.vm.set_instrument(calls.hook)
         try:
@@ -96,9 +100,6 @@ class DebugExecutor:
         calls.check_complete()
         return capture
 
-    def _instrument(self, capture: Capture, plan: CapturePlan) -> "_Calls":
-        return _Calls(self._km, capture, plan)
-
 
 def _continue(*_args) -> int:
     return 0
@@ -107,8 +108,9 @@ def _continue(*_args) -> int:
 class _Calls:
     """State of one instrumented run (occurrence counters, clock)."""
 
-    def __init__(self, km: KernelMap, capture: Capture, plan: CapturePlan):
+    def __init__(self, km: KernelMap, capture: Capture, plan: CapturePlan, sink=None):
         self.km, self.capture, self.plan = km, capture, plan
+        self.store = sink or capture.outputs.__setitem__
         self.seen: dict[str, int] = {}
         self.called: set[int] = set()
         self.t_start = time.perf_counter()
@@ -141,11 +143,8 @@ class _Calls:
         self.capture.start_us[site.index] = (self.t_call - self.t_start) * 1e6
         self.called.add(site.index)
         if self.plan.wants_output(site.index):
-            if site.is_view:
-                self.capture.outputs[site.index] = [ret_value.numpy()]
-            else:
-                outs = args[site.num_inputs: site.num_inputs + site.num_outputs]
-                self.capture.outputs[site.index] = [o.numpy() for o in outs]
+            outs = [ret_value] if site.is_view else args[site.num_inputs: site.num_inputs + site.num_outputs]
+            self.store(site.index, [o.numpy() for o in outs])
         return 0
 
     def check_complete(self) -> None:

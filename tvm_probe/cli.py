@@ -32,11 +32,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tvm-probe", description=__doc__.split("\n\n")[0],
+    commands = __doc__.split("\n\n", 1)[1].split("\nExit status")[0]
+    p = _Parser(prog="tvm-probe",
+                description="Read any intermediate tensor of a TVM-compiled model by its source name.\n\n"
+                            + commands,
                 epilog="Exit status: 0 all values within tolerance, 1 some value diverges, 2 bad input, "
                        "3 internal error.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress display")
+    p.add_argument("--verbose", "-v", action="store_true", help="log what TVM prints while compiling, and more")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run the investigation a YAML config describes (the main job)",
@@ -251,6 +255,10 @@ def main(argv=None) -> int:
     from .progress import Progress
 
     args = _parser().parse_args(argv)
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     progress = Progress(enabled=False if args.quiet else None)
     try:
         return _COMMANDS[args.command](args, progress)

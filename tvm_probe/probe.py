@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 
@@ -151,7 +151,8 @@ class Probe(Results):
 
     # -- running ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
-            capture: CaptureSpec = "all") -> dict[str, np.ndarray]:
+            capture: CaptureSpec = "all", stream_to=None, overwrite: bool = False,
+            include_weights: bool = False, metadata: dict | None = None) -> dict[str, np.ndarray]:
         """Run the deployed executable once and capture intermediate values.
 
         Args:
@@ -159,20 +160,31 @@ class Probe(Results):
             capture: ``"all"``; a name, pattern or list of them (then only what those values
                 need is copied: their kernel outputs, or the inputs of the kernels that keep
                 them inside); or ``None`` for no capture at all (per-kernel times only).
+            stream_to: a dump folder: each copied tensor is written there as soon as the
+                kernel produced it, so peak memory stays near the model's own; the dump is
+                complete (same format as :meth:`dump`) when ``run`` returns, and later
+                ``get`` calls read from it.  ``overwrite``, ``include_weights`` and
+                ``metadata`` are as for :meth:`dump`.
 
         Returns:
             The model outputs, by output tensor name.
         """
         arrays = self._check_inputs(inputs)
         plan, wanted = self._plan(capture)
-        self._capture = self._executor.run(arrays, plan)
-        self._wanted, self._values = wanted, {}
+        self._wanted = wanted
+        if stream_to is not None:
+            self._run_streaming(arrays, plan, stream_to, overwrite, include_weights, metadata)
+        else:
+            self._accept(self._executor.run(arrays, plan))
+        return dict(zip(self.imported.sources.model_outputs, self._capture.result))
+
+    def _accept(self, capture: Capture) -> None:
+        """Make ``capture`` the run that values are served from."""
+        self._capture, self._values = capture, {}
         for node in self.node_infos[self.num_input_nodes:]:
             site = node.index - self.num_input_nodes
-            node.time_us = self._capture.time_us.get(site)
-            node.start_us = self._capture.start_us.get(site)
-        outs = self.imported.sources.model_outputs
-        return dict(zip(outs, self._capture.result))
+            node.time_us = capture.time_us.get(site)
+            node.start_us = capture.start_us.get(site)
 
     def _check_inputs(self, inputs) -> list[np.ndarray]:
         specs = self.imported.inputs
@@ -252,13 +264,16 @@ class Probe(Results):
             return self._site_output(site, k, value.display_name)
         if served is Served.RECOMPUTED:
             if key not in self._values:
-                site = self.kernel_map.sites[self.kernel_map.interior_of[key]]
-                inputs = self._site_inputs(site, value.display_name)
-                self._values.update(self._recomputer.interior_values(site, inputs))
+                self._values.update(self._recompute(self.kernel_map.sites[self.kernel_map.interior_of[key]], key))
             return self._values[key]
         raise ValueUnavailableError(
             f"{value.display_name!r} is never computed by the compiled module: no model output "
             "depends on it, so TVM dropped it as dead code")
+
+    def _recompute(self, site, key: str) -> dict[str, np.ndarray]:
+        """Every interior value of ``site``, from the inputs it received in the last run."""
+        inputs = self._site_inputs(site, self.imported.sources[key].display_name)
+        return self._recomputer.interior_values(site, inputs)
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
         outs = self._require_run().outputs.get(site)
@@ -294,16 +309,6 @@ class Probe(Results):
         return self._site_output(index - self.num_input_nodes, output, node.name)
 
     # -- dumps --------------------------------------------------------------------------------
-    def available_keys(self) -> Iterable[str]:
-        """Keys whose value the last run can serve (what a dump of it stores)."""
-        for value in self.imported.sources:
-            if value.served is Served.UNAVAILABLE:
-                continue
-            if self._wanted is not None and value.key not in self._wanted and value.served in (
-                    Served.RECOMPUTED, Served.FOLDED):
-                continue
-            yield value.key
-
     def dump(self, path, overwrite: bool = False, include_weights: bool = False,
              metadata: dict | None = None) -> Path:
         """Write the last run to ``path`` in the legacy TVM debug-executor layout.
@@ -312,28 +317,93 @@ class Probe(Results):
         folder is replaced only with ``overwrite=True``.  Weights are left out unless
         ``include_weights``.  ``metadata`` (JSON-friendly) is stored with the dump, e.g. where
         the model came from.  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
+        To write a dump while the model runs, without holding its tensors in memory, use
+        ``run(..., stream_to=path)`` instead.
         """
-        from .store.dump import DumpContent, write_dump
+        from .store.dump import write_dump
 
         capture = self._require_run()
-        values: dict[str, np.ndarray] = {}
-        for key in self.available_keys():
-            value = self.imported.sources[key]
-            if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT):
-                continue  # stored once, as a node's output
+        outputs = {i: [a] for i, a in enumerate(capture.inputs)}
+        outputs.update({self.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
+        keys = self._dump_value_keys(include_weights)
+        content = self._dump_content(outputs, dict(self._dump_values(keys)), metadata)
+        return write_dump(Path(path), content, overwrite=overwrite)
+
+    def _run_streaming(self, arrays, plan: CapturePlan, path, overwrite: bool, include_weights: bool,
+                       metadata: dict | None) -> None:
+        """One run whose copies go straight into a dump at ``path`` (see :meth:`run`)."""
+        from .store.dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
+
+        n_in = self.num_input_nodes
+        counts = {i: 1 for i in range(n_in)}
+        counts.update({n_in + s.index: s.num_outputs for s in self.kernel_map.sites if plan.wants_output(s.index)})
+        with DumpWriter(Path(path), self._device_label(), overwrite) as writer:
+            writer.open_tensors(node_tensor_names(self.node_infos, counts))
+            for i, array in enumerate(arrays):
+                writer.write_tensor(tensor_key(self.node_infos[i].name, i, 0), array)
+
+            def sink(site: int, outs) -> None:
+                node = n_in + site
+                for j, out in enumerate(outs):
+                    writer.write_tensor(tensor_key(self.node_infos[node].name, node, j), out)
+
+            capture = self._executor.run(arrays, plan, sink=sink)
+            capture.outputs = StreamedOutputs(writer.close_tensors(), self.node_infos, n_in)
+            self._accept(capture)
+            keys = self._dump_value_keys(include_weights)
+            writer.finish(self._dump_content({}, {}, metadata, value_keys=keys),
+                          self._dump_values(keys, cache=False))
+            writer.commit()
+
+    def _dump_content(self, outputs, values, metadata, value_keys=None):
+        from .store.dump import DumpContent
+
+        capture = self._require_run()
+        return DumpContent(
+            sources=self.imported.sources, nodes=self.node_infos, node_outputs=outputs, values=values,
+            device=self._device_label(), model_hash=self.imported.model_hash,
+            target=str(self.built.target), pipeline=self.built.pipeline, total_us=capture.total_us,
+            metadata=dict(metadata or {}), value_keys=list(value_keys if value_keys is not None else values))
+
+    def _dump_value_keys(self, include_weights: bool) -> list[str]:
+        """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
+        keys = []
+        for value in self.imported.sources:
+            if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE):
+                continue  # node outputs are stored once, as such
             if value.kind is Kind.PARAM and not include_weights:
                 continue
-            try:
-                values[key] = self._value(key)
-            except NotCapturedError:
+            if value.served in (Served.RECOMPUTED, Served.FOLDED) and self._wanted is not None \
+                    and value.key not in self._wanted:
                 continue
-        content = DumpContent(
-            sources=self.imported.sources, nodes=self.node_infos,
-            node_outputs={self.num_input_nodes + s: outs for s, outs in capture.outputs.items()},
-            inputs=capture.inputs, values=values, device=self._device_label(),
-            model_hash=self.imported.model_hash, target=str(self.built.target),
-            pipeline=self.built.pipeline, total_us=capture.total_us, metadata=dict(metadata or {}))
-        return write_dump(Path(path), content, overwrite=overwrite)
+            if value.served is Served.RECOMPUTED and not self._site_inputs_captured(
+                    self.kernel_map.sites[self.kernel_map.interior_of[value.key]]):
+                continue
+            keys.append(value.key)
+        site_of = self.kernel_map.interior_of
+        return sorted(keys, key=lambda k: site_of.get(k, -1))
+
+    def _dump_values(self, keys, cache: bool = True):
+        """``(key, value)`` in ``keys`` order, recomputing one fused site at a time.
+
+        With ``cache=False`` (streaming) only the current site's values are held in memory.
+        """
+        current, held = None, {}
+        for key in keys:
+            recomputed = self.imported.sources[key].served is Served.RECOMPUTED
+            if cache or not recomputed:
+                yield key, self._value(key)
+                continue
+            site = self.kernel_map.interior_of[key]
+            if site != current:
+                current, held = site, self._recompute(self.kernel_map.sites[site], key)
+            yield key, held[key]
+
+    def _site_inputs_captured(self, site) -> bool:
+        capture = self._require_run()
+        held = capture.untracked_inputs.get(site.index, {})
+        return all(a.node in capture.outputs if a.kind == "node" else (a.kind != "untracked" or j in held)
+                   for j, a in enumerate(site.args))
 
     def _device_label(self) -> str:
         kind = self.built.target.kind.name

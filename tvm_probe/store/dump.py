@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,12 +52,15 @@ _KEY_RE = re.compile(r"^(?P<name>.*)____topo-index:(?P<i>\d+)____output-num:(?P<
 
 @dataclass
 class DumpContent:
-    """Everything one dump holds (plain data, produced by :meth:`Probe.dump`)."""
+    """Everything one dump holds (plain data, produced by :meth:`Probe.dump`).
+
+    ``node_outputs`` holds the outputs of input nodes and kernel nodes, by node index (empty
+    when they were streamed to disk); ``values`` the source values that are not node outputs.
+    """
 
     sources: SourceMap
     nodes: list[NodeInfo]
     node_outputs: dict[int, list[np.ndarray]]
-    inputs: list[np.ndarray]
     values: dict[str, np.ndarray]
     device: str
     model_hash: str
@@ -64,6 +68,11 @@ class DumpContent:
     pipeline: str
     total_us: float
     metadata: dict = field(default_factory=dict)
+    value_keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.value_keys:
+            self.value_keys = list(self.values)
 
 
 def tensor_key(name: str, index: int, output: int) -> str:
@@ -72,65 +81,147 @@ def tensor_key(name: str, index: int, output: int) -> str:
 
 
 # ---------------------------------------------------------------------------------- writing
-def write_dump(root: Path, content: DumpContent, overwrite: bool = False) -> Path:
-    """Write ``content`` to ``root`` atomically (see module docstring); return ``root``."""
-    root = Path(root)
-    if root.exists() and not overwrite:
-        raise DumpExistsError(f"dump folder '{root}' already exists: choose another path or pass overwrite=True")
-    if root.exists() and not root.is_dir():
-        raise DumpError(f"'{root}' exists and is not a folder: choose another path for the dump")
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
-    except OSError as err:
-        raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
-    try:
-        _write_files(tmp, content)
-        _replace(tmp, root)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return root
+class DumpWriter:
+    """Writes one dump into a temporary sibling folder; :meth:`commit` renames it into place.
+
+    Node tensors go through :meth:`open_tensors` / :meth:`write_tensor` one at a time (so a run
+    can stream them to disk as they are produced); :meth:`finish` writes everything else.  Any
+    failure before :meth:`commit` leaves no trace: call :meth:`abort` (a ``with`` block does).
+    """
+
+    def __init__(self, root: Path, device: str, overwrite: bool = False):
+        self.root = Path(root)
+        if self.root.exists() and not overwrite:
+            raise DumpExistsError(f"dump folder '{self.root}' already exists: choose another path or pass overwrite=True")
+        if self.root.exists() and not self.root.is_dir():
+            raise DumpError(f"'{self.root}' exists and is not a folder: choose another path for the dump")
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.partial-", dir=self.root.parent))
+            self.device_dir = self.tmp / f"_tvmdbg_device_{device}"
+            self.device_dir.mkdir()
+        except OSError as err:
+            raise DumpError(f"cannot write dump to '{self.root}': {err.strerror or err}") from None
+        self._file = None
+        self._stream = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if kind is not None:
+            self.abort()
+        return False
+
+    def open_tensors(self, names: list[str]) -> None:
+        """Announce the node tensors (``tensor_key`` names, in the order they will be written)."""
+        self._file = open(self.device_dir / TENSORS, "wb")
+        self._stream = paramdict.StreamWriter(self._file, names)
+
+    def write_tensor(self, name: str, array: np.ndarray) -> None:
+        self._stream.write(name, array)
+
+    def close_tensors(self) -> Path:
+        """Finish the tensor file; return its path (in the temporary folder: open it before
+        :meth:`commit`, an open file stays valid across the rename)."""
+        self._stream.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self.device_dir / TENSORS
+
+    def finish(self, content: "DumpContent", values) -> None:
+        """Write the values file (``values``: ``(key, array)`` pairs, names first via content)."""
+        with open(self.device_dir / VALUES, "wb") as f:
+            stream = paramdict.StreamWriter(f, content.value_keys)
+            for key, array in values:
+                stream.write(key, array)
+            stream.close()
+        _write_json(self.device_dir / GRAPH, graph_json(content.nodes, content.sources))
+        _write_json(self.device_dir / TRACE, chrome_trace(content.nodes))
+        _write_json(self.device_dir / SOURCES, {
+            "sources": [v.to_record() for v in content.sources],
+            "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
+            "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
+            "metadata": content.metadata,
+        })
+        _write_json(self.tmp / MANIFEST, _manifest(self.tmp, content))
+
+    def commit(self) -> Path:
+        """Move the finished dump into place; an old dump is removed only after that succeeded."""
+        root, tmp = self.root, self.tmp
+        try:
+            if not root.exists():
+                os.rename(tmp, root)
+                return root
+            old = root.with_name(f".{root.name}.old-{os.getpid()}")
+            os.rename(root, old)
+            try:
+                os.rename(tmp, root)
+            except OSError:
+                os.rename(old, root)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+            return root
+        except OSError as err:
+            self.abort()
+            raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
+
+    def abort(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _replace(tmp: Path, root: Path) -> None:
-    """Move the finished dump into place; an old dump is removed only after that succeeded."""
-    if not root.exists():
-        os.rename(tmp, root)
-        return
-    old = root.with_name(f".{root.name}.old-{os.getpid()}")
-    os.rename(root, old)
-    try:
-        os.rename(tmp, root)
-    except OSError:
-        os.rename(old, root)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+class StreamedOutputs(Mapping):
+    """Kernel outputs of a streamed run, read from its tensor file: ``site → [arrays]``.
+
+    The file is memory-mapped; arrays are read-only views, so nothing is loaded until used.
+    """
+
+    def __init__(self, path: Path, nodes: list[NodeInfo], num_input_nodes: int):
+        import mmap
+
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._entries = {e.name: e for e in paramdict.read_index(self._map, source=str(path))}
+        self._nodes, self._n_in, self._path = nodes, num_input_nodes, path
+        self._sites = sorted({int(_KEY_RE.match(k)["i"]) - num_input_nodes for k in self._entries}
+                             - set(range(-num_input_nodes, 0)))
+
+    def __getitem__(self, site: int) -> list[np.ndarray]:
+        node = self._nodes[self._n_in + site]
+        names = [tensor_key(node.name, node.index, j) for j in range(len(node.out_shapes))]
+        if names[0] not in self._entries:
+            raise KeyError(site)
+        return [paramdict.view(self._map, self._entries[n], source=str(self._path)) for n in names]
+
+    def __iter__(self):
+        return iter(self._sites)
+
+    def __len__(self) -> int:
+        return len(self._sites)
 
 
-def _write_files(tmp: Path, content: DumpContent) -> None:
-    device_dir = tmp / f"_tvmdbg_device_{content.device}"
-    device_dir.mkdir()
-    tensors = {}
-    for index, outs in sorted(content.node_outputs.items()):
-        for j, array in enumerate(outs):
-            tensors[tensor_key(content.nodes[index].name, index, j)] = array
-    for i, array in enumerate(content.inputs):  # input nodes are graph nodes too
-        tensors[tensor_key(content.nodes[i].name, i, 0)] = array
-    paramdict.save(device_dir / TENSORS, tensors)
-    paramdict.save(device_dir / VALUES, content.values)
-    _write_json(device_dir / GRAPH, graph_json(content.nodes, content.sources))
-    _write_json(device_dir / TRACE, chrome_trace(content.nodes))
-    _write_json(device_dir / SOURCES, {
-        "sources": [v.to_record() for v in content.sources],
-        "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
-        "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
-        "metadata": content.metadata,
-    })
-    _write_json(tmp / MANIFEST, _manifest(tmp, content))
+def node_tensor_names(nodes: list[NodeInfo], outputs: dict[int, int]) -> list[str]:
+    """``tensor_key`` names of the node outputs a dump holds (``outputs``: node → count), in node order."""
+    return [tensor_key(nodes[i].name, i, j) for i in sorted(outputs) for j in range(outputs[i])]
+
+
+def write_dump(root: Path, content: "DumpContent", overwrite: bool = False) -> Path:
+    """Write ``content`` (node outputs in memory) to ``root`` atomically; return ``root``."""
+    outputs = {i: len(outs) for i, outs in content.node_outputs.items()}
+    with DumpWriter(root, content.device, overwrite) as writer:
+        try:
+            writer.open_tensors(node_tensor_names(content.nodes, outputs))
+            for i in sorted(outputs):
+                for j, array in enumerate(content.node_outputs[i]):
+                    writer.write_tensor(tensor_key(content.nodes[i].name, i, j), array)
+            writer.close_tensors()
+            writer.finish(content, content.values.items())
+        except OSError as err:
+            raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
+        return writer.commit()
 
 
 def _write_json(path: Path, obj) -> None:
@@ -238,7 +329,8 @@ class DumpReader(Results):
             self.metadata = dict(meta.get("metadata") or {})
             self.model_hash = str(self.manifest.get("model_hash", ""))
             nodes = _nodes_from_graph(self._json(device_dir / GRAPH), sources)
-        except (KeyError, TypeError, ValueError, IndexError) as err:
+            _times_from_trace(nodes, self._json(device_dir / TRACE))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             raise CorruptDumpError(f"{device_dir.name}: graph or sources JSON is malformed ({err!r}): "
                                    "write the dump again") from None
         self._tensors = self._params(device_dir / TENSORS)
@@ -327,6 +419,18 @@ class DumpReader(Results):
         if value.served is Served.UNAVAILABLE:
             raise NotCapturedError(f"{value.display_name!r} is never computed by the compiled module")
         raise NotCapturedError(f"{value.display_name!r} is not in this dump: the run captured only some values")
+
+
+def _times_from_trace(nodes: list[NodeInfo], trace: dict) -> None:
+    """Per-node start and duration from the Chrome trace's begin/end events."""
+    begin = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") == "B":
+            begin[event["name"]] = (event["args"]["node"], float(event["ts"]))
+        elif event.get("ph") == "E" and event.get("name") in begin:
+            index, ts = begin.pop(event["name"])
+            if 0 <= index < len(nodes):
+                nodes[index].start_us, nodes[index].time_us = ts, float(event["ts"]) - ts
 
 
 def _nodes_from_graph(graph: dict, sources: SourceMap) -> list[NodeInfo]:

@@ -185,10 +185,43 @@ def dumps(tensors: Mapping[str, np.ndarray]) -> bytes:
 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write :func:`dumps` output to ``path``."""
-    payload = dumps(tensors)
+    """Write ``tensors`` to ``path`` in the format of :func:`dumps`, one tensor at a time."""
     with open(path, "wb") as f:
-        f.write(payload)
+        writer = StreamWriter(f, list(tensors))
+        for name, value in tensors.items():
+            writer.write(name, value)
+        writer.close()
+
+
+class StreamWriter:
+    """Writes a param dict whose names are known up front, one tensor at a time, in order.
+
+    The names list precedes the tensors in the format, so a run whose outputs are known in
+    advance can stream each tensor to disk as it is produced and hold none of them in memory.
+    The bytes are those :func:`dumps` would produce for the same dict.
+    """
+
+    def __init__(self, file, names: list[str]):
+        self._file, self._names, self._next = file, list(names), 0
+        file.write(_LIST_HEAD.pack(LIST_MAGIC, 0) + _U64.pack(len(self._names)))
+        for name in self._names:
+            file.write(_name_bytes(name))
+        file.write(_U64.pack(len(self._names)))
+
+    def write(self, name: str, value) -> None:
+        """Append tensor ``name``; names must come in the order given to the constructor."""
+        if self._next >= len(self._names) or self._names[self._next] != name:
+            expected = self._names[self._next] if self._next < len(self._names) else "nothing more"
+            raise ValueError(f"param dict stream: got tensor {name!r}, expected {expected!r}")
+        for part in _tensor_bytes(name, value):
+            self._file.write(part)
+        self._next += 1
+
+    def close(self) -> None:
+        """Check that every announced tensor was written."""
+        if self._next != len(self._names):
+            raise ValueError(f"param dict stream: {len(self._names) - self._next} announced tensors "
+                             f"were never written (next: {self._names[self._next]!r})")
 
 
 # --------------------------------------------------------------------------- reading

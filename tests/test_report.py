@@ -1,0 +1,236 @@
+"""Reports of a real run: the demo BERT under both pipelines, compared with onnxruntime.
+
+Checks the tables, the CSVs (round trip through pandas), the self-contained HTML page (parses,
+well nested, no external resources, both plots inline) and the DOT graph (parses, colours the
+first divergent op red).  A failing comparison is made by shifting one reference value.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tvm_probe import report
+from tvm_probe.compare import compare
+from tvm_probe.errors import ProbeError
+
+HAS_DOT = shutil.which("dot") is not None
+KNOWN_NAME = "layer_._0/attention/self/Softmax"  # a suffix of a source name in the demo BERT
+
+
+@pytest.fixture(scope="module")
+def passing(bert_probe, bert_reference):
+    return compare(bert_probe, bert_reference)
+
+
+@pytest.fixture(scope="module")
+def failing(bert_probe, bert_reference):
+    """A comparison whose first divergent value is a mid-model kernel value (reference + 1.0)."""
+    values = [v for v in compare(bert_probe, bert_reference).values
+              if bert_probe.sources_map[v.key].node_index >= 0 and v.served in ("captured", "recomputed")]
+    target = values[len(values) // 2]
+    tampered = dict(bert_reference)
+    tampered[target.key] = bert_reference[target.key] + 1.0
+    comparison = compare(bert_probe, tampered)
+    assert comparison.first_divergent is not None and comparison.first_divergent.key == target.key
+    return comparison
+
+
+class NestingChecker(HTMLParser):
+    """Records every close tag that does not match the innermost open tracked tag."""
+
+    TRACKED = {"html", "head", "body", "div", "p", "table", "thead", "tbody", "tr", "td", "th", "svg", "g"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.counts = [], [], {}
+
+    def handle_starttag(self, tag, attrs):
+        self.counts[tag] = self.counts.get(tag, 0) + 1
+        if tag in self.TRACKED:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag not in self.TRACKED:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def check_html(text: str) -> NestingChecker:
+    checker = NestingChecker()
+    checker.feed(text)
+    checker.close()
+    assert checker.errors == [] and checker.stack == [], (checker.errors[:5], checker.stack)
+    return checker
+
+
+def check_dot(text: str, n_nodes: int) -> None:
+    """Structure without Graphviz: balanced braces, every node declared once, edges between them."""
+    assert text.startswith("digraph") and text.count("{") == text.count("}")
+    declared = re.findall(r"^  (n\d+) \[", text, re.M)
+    assert len(declared) == len(set(declared)) == n_nodes
+    for a, b in re.findall(r"^  (n\d+) -> (n\d+);$", text, re.M):
+        assert a in declared and b in declared
+    try:  # a real DOT parser when the test extra is installed; the checks above otherwise
+        import pydot
+    except ImportError:
+        return
+    (graph,) = pydot.graph_from_dot_data(text)
+    assert {n.get_name() for n in graph.get_nodes()} >= set(declared)
+    assert len(graph.get_edges()) == len(re.findall(r" -> ", text))
+
+
+def test_nodes_table_extends_results_nodes(bert_probe, passing):
+    table = report.nodes_table(bert_probe, passing)
+    base = bert_probe.nodes
+    assert list(table.index) == list(base.index) and set(base.columns) <= set(table.columns)
+    for column in ("symbol", "occurrence", "source_names", "interior", "bytes", "time_us", "time_share",
+                   "view", "inputs", "status", "max_abs"):
+        assert column in table.columns
+    kernels = table[table.op == "tvm_op"]
+    assert (kernels.symbol != "").all() and kernels.time_us.notna().all()
+    assert abs(kernels.time_share.sum() - 1.0) < 1e-6
+    assert set(table.status) <= {"passed", "not compared"} and "passed" in set(table.status)
+    assert set(table[table.op == "null"].status) == {"not compared"}  # inputs are not compared
+
+
+def test_compare_table_has_served_and_first_divergent(passing, failing):
+    table = report.compare_table(passing)
+    assert len(table) == len(passing.values) and {"name", "served", "max_abs", "passed"} <= set(table.columns)
+    assert set(table.served) <= {"captured", "view", "recomputed", "constant", "folded"}
+    assert not table.first_divergent.any()
+    bad = report.compare_table(failing)
+    assert bad.first_divergent.sum() == 1
+    assert bad[bad.first_divergent].name.item() == failing.first_divergent.name
+
+
+def test_write_report_csvs_round_trip(bert_probe, passing, tmp_path):
+    paths = report.write_report(tmp_path / "rep", bert_probe, passing)
+    assert {"nodes", "sources", "compare", "html", "dot"} <= set(paths) and ("svg" in paths) == HAS_DOT
+    assert all(p.is_file() for p in paths.values())
+    assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]  # no temporary leftovers
+    nodes = pd.read_csv(paths["nodes"])
+    expected = report.nodes_table(bert_probe, passing)
+    assert list(nodes.columns) == list(expected.columns) and len(nodes) == len(expected)
+    assert list(nodes.symbol.fillna("")) == list(expected.symbol)
+    assert any(KNOWN_NAME in str(s) for s in nodes.source_names) or any(KNOWN_NAME in str(s) for s in nodes.interior)
+    compared = pd.read_csv(paths["compare"])
+    assert list(compared.name) == [v.name for v in passing.values]
+    np.testing.assert_array_equal(compared.max_abs.to_numpy(), [v.max_abs for v in passing.values])
+    sources = pd.read_csv(paths["sources"])
+    assert list(sources.tensor) == [v.key for v in bert_probe.sources_map]
+
+
+def test_html_is_self_contained_and_well_formed(bert_probe, passing, tmp_path):
+    paths = report.write_report(tmp_path, bert_probe, passing, formats=("html",))
+    assert set(paths) == {"html"}
+    text = paths["html"].read_text(encoding="utf-8")
+    checker = check_html(text)
+    assert checker.counts["table"] >= 3  # compare, nodes, sources
+    for header in ("max_abs", "served", "symbol", "source_names", "time_us", "op_type"):
+        assert f"<th>{header}</th>" in text
+    assert KNOWN_NAME in text and passing.verdict() in text
+    # Nothing to fetch: the only URLs allowed are SVG namespace declarations.
+    rest = re.sub(r'xmlns(:\w+)?="https?://[^"]*"', "", text)
+    assert "http://" not in rest and "https://" not in rest
+    assert not re.search(r"<(script|link|img|iframe)\b", text)
+    assert 'aria-label="max abs error per compared value"' in text
+    assert 'aria-label="time per kernel call"' in text
+    assert checker.counts["svg"] == 2 + HAS_DOT  # both plots, and the graph when dot is installed
+
+
+def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path):
+    first = failing.first_divergent
+    node = bert_probe.sources_map[first.key].node_index
+    dot = report.to_dot(bert_probe, failing)
+    check_dot(dot, len(bert_probe.node_infos))
+    red = re.findall(rf'^  (n\d+) \[fillcolor="{report.FILL["divergent"]}"', dot, re.M)
+    assert red == [f"n{node}"]
+    table = report.nodes_table(bert_probe, failing)
+    assert table.loc[node, "status"] == "divergent" and table.loc[node, "max_abs"] >= 1.0 - 1e-6
+
+    text = report.write_report(tmp_path, bert_probe, failing, formats="html")["html"].read_text(encoding="utf-8")
+    check_html(text)
+    assert re.search(r'<p id="verdict" class="fail">', text)
+    marked = re.search(r'<code id="first-divergent">([^<]*)</code>', text)
+    assert marked and marked.group(1) == first.name
+    assert '<g class="first-divergent">' in text and f"graph node {node}," in text
+
+
+def test_dot_parses_and_shortens_names(bert_probe, passing):
+    dot = report.to_dot(bert_probe, passing)
+    check_dot(dot, len(bert_probe.node_infos))
+    assert "n0 [" in dot and "shape=ellipse" in dot and "shape=box" in dot
+    assert report.FILL["passed"] in dot and report.FILL["divergent"] not in dot
+    labels = re.findall(r"label=(.*)\];$", dot, re.M)  # label is each node's last attribute
+    assert len(labels) == len(bert_probe.node_infos)
+    assert not any("tf_bert_for_sequence_classification/" in label for label in labels)  # shortened
+    assert report.short_name("a/b/encoder/layer_._3/attention/self/MatMul") == "layer_._3/attention/self/MatMul"
+    assert report.short_name("a/layer_._3/attention/self/query/MatMul") == "layer_._3/…/self/query/MatMul"
+    assert report.short_name("tf_bert_for_sequence_classification/bert/Reshape") == "…/bert/Reshape"
+    assert report.short_name("a/b") == "a/b"
+
+
+def test_dot_escaping_survives_graphviz():
+    nasty = 'say "hi"\\ to\nme'
+    quoted = report._quote(nasty)
+    assert quoted == '"say \\"hi\\"\\\\ to\\nme"'
+    html_text = report._html_text('<a & "b">\n')
+    assert "<" not in html_text and "\n" not in html_text
+    text = f"digraph g {{ a [label={quoted}]; b [label=<<B>{html_text}</B>>]; a -> b; }}"
+    pydot = pytest.importorskip("pydot")
+    (graph,) = pydot.graph_from_dot_data(text)
+    assert graph.get_node("a")[0].get("label") == quoted
+    if HAS_DOT:
+        subprocess.run(["dot", "-Tsvg"], input=text.encode(), check=True, capture_output=True)
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz 'dot' is not installed")
+def test_graph_svg(bert_probe, passing, tmp_path):
+    svg = report.render_svg(report.to_dot(bert_probe, passing))
+    assert svg is not None and "<svg" in svg and svg.rstrip().endswith("</svg>")
+    paths = report.write_report(tmp_path, bert_probe, passing, formats=["graph"])
+    assert set(paths) == {"dot", "svg"} and paths["svg"].read_text(encoding="utf-8") == svg
+
+
+def test_without_graphviz_the_report_still_works(bert_probe, passing, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    assert report.render_svg("digraph g { a; }") is None
+    paths = report.write_report(tmp_path, bert_probe, passing, formats=("graph", "html"))
+    assert set(paths) == {"dot", "html"}
+    text = paths["html"].read_text(encoding="utf-8")
+    assert check_html(text).counts["svg"] == 2 and "see graph.dot" in text
+
+
+def test_report_from_a_dump_keeps_the_kernel_times(bert_probe, passing, tmp_path):
+    import tvm_probe
+
+    bert_probe.dump(tmp_path / "dump")
+    dump = tvm_probe.load_dump(tmp_path / "dump")
+    paths = report.write_report(tmp_path / "rep", dump, compare(dump, {}), formats=("csv", "html"))
+    text = paths["html"].read_text(encoding="utf-8")
+    check_html(text)
+    assert "No kernel times were recorded" not in text and "No values were compared" in text
+    assert len(pd.read_csv(paths["compare"])) == 0
+    nodes = pd.read_csv(paths["nodes"])
+    assert len(nodes) == len(bert_probe.node_infos)
+    assert np.allclose(nodes["time_us"].dropna(), bert_probe.nodes["time_us"].dropna())
+
+
+def test_bad_formats_and_folders(bert_probe, tmp_path):
+    with pytest.raises(ProbeError, match=r"unknown report format 'pdf': choose from csv, html, graph") as err:
+        report.write_report(tmp_path / "rep", bert_probe, formats=("csv", "pdf"))
+    assert "\n" not in str(err.value) and not (tmp_path / "rep").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ProbeError, match="cannot write report"):
+        report.write_report(blocker, bert_probe, formats=("csv",))
+    assert blocker.read_text() == "x"
