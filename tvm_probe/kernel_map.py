@@ -94,12 +94,6 @@ class KernelMap:
     interior_of: dict[str, int]             # key → site whose grouped function computes it
     untouched: list[str]                    # tagged runtime values no site computes
 
-    def site_for(self, symbol: str, occurrence: int) -> CallSite | None:
-        return self._by_call.get((symbol, occurrence))
-
-    def __post_init__(self):
-        self._by_call = {(s.symbol, s.occurrence): s for s in self.sites}
-
 
 # ---------------------------------------------------------------------------------------------
 def _bindings(func):
