@@ -7,6 +7,8 @@ pipeline returns is handed to ``relax.build(..., relax_pipeline=None)`` — exac
 
 Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are immutable):
 
+* ``pre_fold``    — just before the first ``FoldConstant``: legalized; what it folds is
+  re-evaluated from here.
 * ``pre_fusion``  — just before the first ``FuseOps``: legalized, constants folded, call sites
   still one op each, bound to the Vars the importer tagged.
 * ``post_fusion`` — just after that ``FuseOps``: ``main`` calls grouped functions.
@@ -38,6 +40,7 @@ _CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
 class Snapshots:
     """The module at the points of the pipeline the kernel map needs (see module docstring)."""
 
+    pre_fold: Any = None
     pre_fusion: Any = None
     post_fusion: Any = None
     call_graph: Any = None
@@ -107,6 +110,8 @@ def _instrument(snaps: Snapshots):
     class _Snapshot:
         def run_before_pass(self, mod, info):
             snaps.passes.append(info.name)
+            if info.name == "FoldConstant" and snaps.pre_fold is None:
+                snaps.pre_fold = mod
             if info.name == "FuseOps" and snaps.pre_fusion is None:
                 snaps.pre_fusion = mod
             if info.name in _CALL_GRAPH_PASSES and snaps.call_graph is None:

@@ -90,9 +90,15 @@ class DebugExecutor:
         device_inputs = self.to_device(inputs)
         calls = _Calls(self._km, capture, plan, sink)
         t0 = time.perf_counter()
-        self.vm.set_instrument(calls.hook)
+        self.vm.set_instrument(calls.guarded_hook)
         try:
             result = self.vm["main"](*device_inputs)
+        except Exception:
+            # TVM turns an exception raised in the hook (Ctrl-C, a full disk while streaming)
+            # into a bare RuntimeError: re-raise the original.
+            if calls.failure is not None:
+                raise calls.failure from None
+            raise
         finally:
             self.vm.set_instrument(_continue)
         capture.total_us = (time.perf_counter() - t0) * 1e6
@@ -124,6 +130,14 @@ class _Calls:
         self.t_start = time.perf_counter()
         self.t_call = 0.0
         self.unexpected: list[str] = []
+        self.failure: BaseException | None = None
+
+    def guarded_hook(self, *args):
+        try:
+            return self.hook(*args)
+        except BaseException as err:
+            self.failure = err
+            raise
 
     def hook(self, func, symbol, before_run, ret_value, *args):
         sites = self.sites_of.get(symbol)

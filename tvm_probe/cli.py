@@ -265,9 +265,9 @@ def main(argv=None) -> int:
     except ProbeError as err:
         print(f"tvm-probe: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("tvm-probe: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # dumps and reports are written atomically: nothing half-written remains
+        print("tvm-probe: error: interrupted (no partial dump or report is left behind)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BrokenPipeError:  # `tvm-probe get ... | head`
         return EXIT_OK
     except Exception as err:  # a bug: keep it apart from divergence (1) and bad input (2)

@@ -3,11 +3,12 @@
 Schema (``configs/example.yaml`` shows every key with comments)::
 
     model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
+                |  {torch: "FILE.py:FUNCTION" or "package.module:FUNCTION"}  (returns (module, example_inputs))
     inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
     target:     llvm
     pipeline:   default | fused
     capture:    all | [NAME or PATTERN, ...]
-    reference:  none | onnxruntime | {runtime: onnxruntime, model: PATH, atol: X, rtol: X,
+    reference:  none | onnxruntime | torch | {runtime: ..., model: PATH, atol: X, rtol: X,
                                       tolerances: {PATTERN: {atol: X, rtol: X}}}
     output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false}
     split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
@@ -42,14 +43,38 @@ class ConfigError(ProbeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which model: an ONNX file or the built-in demo with its sizes."""
+    """Which model: an ONNX file, the built-in demo with its sizes, or a PyTorch factory."""
 
     onnx: Path | None = None
     demo: dict | None = None
     shapes: dict = field(default_factory=dict)
+    torch: str | None = None   # "file.py:function" (resolved path) or "package.module:function"
+
+    def load_torch(self):
+        """``(module, example_inputs)`` from the factory this spec names (a torch model)."""
+        import importlib
+        import importlib.util
+
+        where, _, func = self.torch.rpartition(":")
+        try:
+            if where.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            else:
+                module = importlib.import_module(where)
+            factory = getattr(module, func)
+        except Exception as err:
+            raise ConfigError(f"model.torch: cannot load {self.torch!r} ({type(err).__name__}: {err}): "
+                              "give 'file.py:function' or 'package.module:function'") from None
+        result = factory()
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(f"model.torch: {self.torch!r} must return (module, example_inputs), "
+                              f"got {type(result).__name__}")
+        return result
 
     def load(self):
-        """The ``onnx.ModelProto`` this spec names."""
+        """The ``onnx.ModelProto`` this spec names (ONNX and demo models)."""
         if self.onnx is not None:
             from .importer.onnx import load_onnx
 
@@ -66,6 +91,8 @@ class ModelSpec:
         """JSON-friendly description, stored in dumps so ``tvm-probe compare DUMP`` can reload it."""
         if self.onnx is not None:
             return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
+        if self.torch is not None:
+            return {"torch": self.torch}
         return {"demo": dict(self.demo or {})}
 
 
@@ -322,10 +349,12 @@ class _Validator:
         keys = ("model",)
         if self.mapping(value, keys) is None:
             return None
-        self.unknown_keys(value, keys, ("onnx", "demo", "shapes"))
-        if ("onnx" in value) == ("demo" in value):
-            self.fail(keys, "give exactly one of 'onnx: PATH' or 'demo: {...}'")
+        self.unknown_keys(value, keys, ("onnx", "demo", "torch", "shapes"))
+        if sum(k in value for k in ("onnx", "demo", "torch")) != 1:
+            self.fail(keys, "give exactly one of 'onnx: PATH', 'demo: {...}' or 'torch: FILE.py:FUNCTION'")
             return None
+        if "torch" in value:
+            return self.torch_model(value["torch"], keys + ("torch",))
         if "onnx" in value:
             shapes = value.get("shapes") or {}
             if self.mapping(shapes, keys + ("shapes",)) is None:
@@ -347,6 +376,16 @@ class _Validator:
             if size in demo and (isinstance(demo[size], bool) or not isinstance(demo[size], int) or demo[size] < 0):
                 self.fail(keys + ("demo", size), f"must be a non-negative integer, got {demo[size]!r}")
         return ModelSpec(demo=dict(demo))
+
+    def torch_model(self, value, keys: tuple) -> ModelSpec | None:
+        where, sep, func = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+        if not sep or not where or not func.isidentifier():
+            self.fail(keys, f"must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {value!r}")
+            return None
+        if where.endswith(".py"):
+            path = self.existing_file(where, keys)
+            return ModelSpec(torch=f"{path}:{func}") if path else None
+        return ModelSpec(torch=value)
 
     def inputs(self, value) -> tuple[InputSource, ...]:
         keys = ("inputs",)

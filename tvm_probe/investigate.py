@@ -37,7 +37,7 @@ class Outcome:
 def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes (see the module docstring)."""
     progress = progress or Progress(enabled=False)
-    model = config.model.load()
+    model = config.model.load_torch() if config.model.torch else config.model.load()
     probe, inputs = config_inputs(config, model, progress)
     with progress.stage("run"):
         probe.run(inputs, capture=config.capture if config.capture is None or config.capture == "all"
@@ -59,14 +59,23 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
 
 
 def config_inputs(config: Config, model, progress: Progress):
-    """Import and compile ``model`` as ``config`` says; return the probe and the run's inputs."""
+    """Import and compile ``model`` as ``config`` says; return the probe and the run's inputs.
+
+    ``model`` is an ``onnx.ModelProto``, or ``(module, example_inputs)`` for a torch config.
+    """
     from .build import compile_with_snapshots
-    from .importer.onnx import import_onnx
     from .kernel_map import build_kernel_map
     from .probe import Probe
 
     with progress.stage("import"):
-        imported = import_onnx(model, dict(config.model.shapes))
+        if config.model.torch:
+            from .importer.torch import import_torch
+
+            imported = import_torch(*model)
+        else:
+            from .importer.onnx import import_onnx
+
+            imported = import_onnx(model, dict(config.model.shapes))
     with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
         built = compile_with_snapshots(imported.mod, config.target, config.pipeline)
         probe = Probe(imported, built, build_kernel_map(imported, built.snapshots))
@@ -83,7 +92,9 @@ def _inputs(config: Config, probe, model) -> dict[str, np.ndarray]:
                           f"its inputs are {', '.join(specs)}")
     missing = [n for n in specs if n not in given]
     defaults = {}
-    if missing:
+    if missing and config.model.torch:  # the factory's example inputs, in input order
+        defaults = {n: np.asarray(t.detach().cpu().numpy()) for n, t in zip(specs, model[1])}
+    elif missing:
         if config.model.demo is None:
             raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
                               f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
@@ -106,10 +117,22 @@ def _compare(config: Config, probe, model, inputs, progress):
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
-    """Reference values for every tensor, from the runtime ``ref_spec`` names."""
-    if ref_spec.runtime == "onnxruntime":
+    """Reference values for every source value, from the runtime ``ref_spec`` names.
+
+    ``model`` is an ``onnx.ModelProto`` or, for torch configs, ``(module, example_inputs)``.
+    """
+    is_torch = isinstance(model, tuple)
+    if ref_spec.runtime == "onnxruntime" and not is_torch:
         from .reference.onnxruntime import onnxruntime_values
 
         return onnxruntime_values(ref_spec.model or model, inputs)
-    raise ConfigError(f"reference runtime {ref_spec.runtime!r} needs a PyTorch model: "
-                      "use it with Probe.from_torch (see README)")
+    if ref_spec.runtime == "torch" and is_torch:
+        import torch
+
+        from .reference.torch import torch_values
+
+        module, _ = model
+        return torch_values(module, tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()))
+    kind = "a PyTorch" if is_torch else "an ONNX"
+    fits = "torch" if is_torch else "onnxruntime"
+    raise ConfigError(f"reference: {ref_spec.runtime!r} cannot run {kind} model: use reference: {fits}")

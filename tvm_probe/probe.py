@@ -14,7 +14,7 @@ import numpy as np
 
 from .build import BuiltModel, PipelineLike, compile_with_snapshots
 from .capture import Capture, CapturePlan, DebugExecutor
-from .errors import InputError, NotCapturedError, NotRunError, ProbeError, ValueUnavailableError
+from .errors import InputError, NotCapturedError, NotRunError, ValueUnavailableError
 from .importer import ImportedModel, InputSpec
 from .kernel_map import KernelMap, build_kernel_map
 from .recompute import Recomputer, depends_on_params, evaluate_folded
@@ -125,10 +125,19 @@ class Probe(Results):
             elif self._var_of.get(key) in params:
                 self._input_alias[key] = params.index(self._var_of[key])
                 value.served, value.node_index = Served.INPUT, self._input_alias[key]
-            elif key in self._var_of and not depends_on_params(main, self._var_of[key]):
+            elif key in self._var_of and self._folded_by_pipeline(self._var_of[key]):
                 value.served = Served.FOLDED
             else:
                 value.served = Served.UNAVAILABLE
+
+    def _folded_by_pipeline(self, var) -> bool:
+        """True when FoldConstant removed ``var``: it needs no model input once legalized.
+
+        Judged on the legalized module (not the imported one): ``full_like(x, 0)`` reads ``x``
+        before legalization and only its static shape after.
+        """
+        before = self.built.snapshots.pre_fold
+        return before is not None and not depends_on_params(before["main"], var)
 
     def _input_index(self, key: str) -> int:
         return [s.name for s in self.imported.inputs].index(key)
@@ -152,7 +161,8 @@ class Probe(Results):
     # -- running ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
             capture: CaptureSpec = "all", stream_to=None, overwrite: bool = False,
-            include_weights: bool = False, metadata: dict | None = None) -> dict[str, np.ndarray]:
+            include_weights: bool = False, metadata: dict | None = None,
+            allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
         """Run the deployed executable once and capture intermediate values.
 
         Args:
@@ -165,11 +175,13 @@ class Probe(Results):
                 complete (same format as :meth:`dump`) when ``run`` returns, and later
                 ``get`` calls read from it.  ``overwrite``, ``include_weights`` and
                 ``metadata`` are as for :meth:`dump`.
+            allow_nonfinite: accept inputs holding NaN or Inf (refused by default: usually a
+                data bug; allow them to trace how they propagate).
 
         Returns:
             The model outputs, by output tensor name.
         """
-        arrays = self._check_inputs(inputs)
+        arrays = self._check_inputs(inputs, allow_nonfinite)
         plan, wanted = self._plan(capture)
         self._wanted = wanted
         if stream_to is not None:
@@ -186,7 +198,7 @@ class Probe(Results):
             node.time_us = capture.time_us.get(site)
             node.start_us = capture.start_us.get(site)
 
-    def _check_inputs(self, inputs) -> list[np.ndarray]:
+    def _check_inputs(self, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
         specs = self.imported.inputs
         expected = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
         if inputs is None:
@@ -204,10 +216,10 @@ class Probe(Results):
             values = list(inputs)
             if len(values) != len(specs):
                 raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {expected}")
-        return [self._check_one(spec, v) for spec, v in zip(specs, values)]
+        return [self._check_one(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
 
     @staticmethod
-    def _check_one(spec: InputSpec, value) -> np.ndarray:
+    def _check_one(spec: InputSpec, value, allow_nonfinite: bool) -> np.ndarray:
         array = np.asarray(value)
         if array.dtype == object:
             raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
@@ -217,6 +229,15 @@ class Probe(Results):
         if tuple(array.shape) != tuple(spec.shape):
             raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
                              f"{list(spec.shape)}")
+        bound = spec.index_bound
+        if bound is not None and array.size and (array.min() < -bound or array.max() >= bound):
+            raise InputError(f"input {spec.name!r} holds values outside [{-bound}, {bound}) but indexes "
+                             f"{spec.indexes!r}, which has {bound} rows (TVM's Gather does not check bounds): "
+                             "fix the ids")
+        if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
+            nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+            raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values: fix the data, or pass "
+                             "allow_nonfinite=True to run() to trace how they propagate")
         return np.ascontiguousarray(array)
 
     def _plan(self, capture: CaptureSpec) -> tuple[CapturePlan, set[str] | None]:
@@ -257,7 +278,8 @@ class Probe(Results):
             return self.imported.constants[key]
         if served is Served.FOLDED:
             if key not in self._folded:
-                self._folded[key] = evaluate_folded(self.imported.mod["main"], self._var_of[key], self.built.target)
+                self._folded[key] = evaluate_folded(self.built.snapshots.pre_fold, self._var_of[key],
+                                                    self.built.target)
             return self._folded[key]
         if served in (Served.CAPTURED, Served.VIEW):
             site, k = self.kernel_map.output_of[key]
@@ -310,13 +332,15 @@ class Probe(Results):
 
     # -- dumps --------------------------------------------------------------------------------
     def dump(self, path, overwrite: bool = False, include_weights: bool = False,
-             metadata: dict | None = None) -> Path:
+             metadata: dict | None = None, timings: bool = True) -> Path:
         """Write the last run to ``path`` in the legacy TVM debug-executor layout.
 
         The folder is written under a temporary name and renamed when complete; an existing
         folder is replaced only with ``overwrite=True``.  Weights are left out unless
         ``include_weights``.  ``metadata`` (JSON-friendly) is stored with the dump, e.g. where
-        the model came from.  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
+        the model came from.  ``timings=False`` leaves out the per-kernel times (the one part of
+        a dump that differs between runs: without it, the same model, inputs and pipeline give
+        bit-identical dumps).  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
         To write a dump while the model runs, without holding its tensors in memory, use
         ``run(..., stream_to=path)`` instead.
         """
@@ -326,7 +350,7 @@ class Probe(Results):
         outputs = {i: [a] for i, a in enumerate(capture.inputs)}
         outputs.update({self.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
         keys = self._dump_value_keys(include_weights)
-        content = self._dump_content(outputs, dict(self._dump_values(keys)), metadata)
+        content = self._dump_content(outputs, dict(self._dump_values(keys)), metadata, timings=timings)
         return write_dump(Path(path), content, overwrite=overwrite)
 
     def _run_streaming(self, arrays, plan: CapturePlan, path, overwrite: bool, include_weights: bool,
@@ -355,14 +379,15 @@ class Probe(Results):
                           self._dump_values(keys, cache=False))
             writer.commit()
 
-    def _dump_content(self, outputs, values, metadata, value_keys=None):
+    def _dump_content(self, outputs, values, metadata, value_keys=None, timings: bool = True):
         from .store.dump import DumpContent
 
         capture = self._require_run()
         return DumpContent(
             sources=self.imported.sources, nodes=self.node_infos, node_outputs=outputs, values=values,
             device=self._device_label(), model_hash=self.imported.model_hash,
-            target=str(self.built.target), pipeline=self.built.pipeline, total_us=capture.total_us,
+            target=str(self.built.target), pipeline=self.built.pipeline,
+            total_us=capture.total_us if timings else None, timings=timings,
             metadata=dict(metadata or {}), value_keys=list(value_keys if value_keys is not None else values))
 
     def _dump_value_keys(self, include_weights: bool) -> list[str]:

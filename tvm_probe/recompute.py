@@ -100,15 +100,22 @@ def depends_on_params(main, var) -> bool:
     return _slice(main, var) is None
 
 
-def evaluate_folded(main, var, target) -> np.ndarray:
-    """Value of a Var that the pipeline's ``FoldConstant`` turned into a constant."""
+def evaluate_folded(module, var, target) -> np.ndarray:
+    """Value of a Var that the pipeline's ``FoldConstant`` turned into a constant.
+
+    ``module`` is the module just before FoldConstant; the slice of its ``main`` that computes
+    ``var`` is built with the same legalized kernels and run, as FoldConstant does.
+    """
     import tvm
     from tvm import relax
 
-    needed = _slice(main, var)
+    needed = _slice(module["main"], var)
     out = relax.Var("folded", var.ty)
     body = relax.SeqExpr([relax.DataflowBlock(needed + [relax.VarBinding(out, var)])], out)
     mod = tvm.IRModule({"main": relax.Function([], body, var.ty)})
+    for gvar, func in module.functions.items():
+        if not isinstance(func, relax.Function):  # the legalized PrimFuncs the slice calls
+            mod[gvar] = func
     try:
         ex = tvm.compile(mod, target)
     except Exception as err:

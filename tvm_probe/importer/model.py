@@ -11,11 +11,18 @@ from ..sources import SourceMap
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input the user must feed: its source name, static shape and numpy dtype."""
+    """One input the user must feed: its source name, static shape and numpy dtype.
+
+    ``index_bound`` is set when the input indexes a weight directly (the ids of an embedding
+    ``Gather``): valid values are ``-index_bound <= v < index_bound``.  TVM's compiled Gather
+    does not check bounds, so out-of-range ids would read out of memory; ``run`` refuses them.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    index_bound: int | None = None
+    indexes: str = ""
 
 
 @dataclass

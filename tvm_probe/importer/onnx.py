@@ -12,22 +12,23 @@ time, or a Relax Var computed at run time.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import io
 import os
-import re
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
 from ..errors import ModelError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
 from .model import ImportedModel, InputSpec
+from .module_paths import module_output_aliases
 
-ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821
+ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
 
 
 def load_onnx(model: ModelLike):
@@ -110,7 +111,6 @@ def _check_ops_supported(graph) -> None:
 
 def _make_importer(shapes):
     """An instance of TVM's ONNX importer that records what each tensor becomes."""
-    from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     class _RecordingDict(dict):
@@ -209,10 +209,12 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 f"input '{vi.name}' has no static shape: pass shapes={{'{vi.name}': (...)}}")
         sources.add(SourceValue(key=vi.name, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
         sources.model_inputs.append(vi.name)
-        inputs.append(InputSpec(vi.name, shape, dtype))
+        bound, weight = _index_bound(graph, vi.name, initializers)
+        inputs.append(InputSpec(vi.name, shape, dtype, bound, weight))
         var_keys.setdefault(expr, []).append(vi.name)
 
     bound_to = _binding_of_value(mod)
+    aliases = _scope_aliases(graph)
     for topo, node in enumerate(graph.node):
         outs = [o for o in node.output]
         for k, out in enumerate(outs):
@@ -222,7 +224,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
             expr = bound_to.get(expr, expr)  # a converted op's Call, bound where first used
             value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
                                 num_outputs=len(outs), topo_index=topo,
-                                inputs=tuple(i for i in node.input if i))
+                                inputs=tuple(i for i in node.input if i), aliases=aliases.get(out, ()))
             if isinstance(expr, relax.Var):
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = _tensor_info(expr)
@@ -244,6 +246,22 @@ def _collect(proto, mod, importer) -> ImportedModel:
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, model_hash=model_hash(proto))
+
+
+def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]:
+    """The smallest table size ``name`` indexes through a ``Gather`` on a weight, and that weight."""
+    bound, weight = None, ""
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] != name:
+            continue
+        table = initializers.get(node.input[0])
+        if table is None:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        size = int(table.dims[axis])
+        if bound is None or size < bound:
+            bound, weight = size, node.input[0]
+    return bound, weight
 
 
 def _binding_of_value(mod) -> dict:
@@ -272,3 +290,34 @@ def _follow_aliases(mod, var_keys: dict) -> None:
             value = getattr(binding, "value", None)
             if isinstance(value, relax.Var) and value in var_keys:
                 var_keys.setdefault(binding.var, []).extend(var_keys[value])
+
+
+# -- module paths of dynamo-exported ONNX -----------------------------------------------------
+# The dynamo exporter (torch.onnx.export(..., dynamo=True)) names nodes `node_linear_3`, which
+# nobody knows; users know module paths.  Each node carries them in `pkg.torch.onnx.name_scopes`.
+
+def _scope_aliases(graph) -> dict[str, tuple[str, ...]]:
+    """Module paths of the tensors of a dynamo-exported graph (empty for other exporters)."""
+    scopes_of = [_name_scopes(node) for node in graph.node]  # by position: names may be empty
+    if not any(scopes_of):
+        return {}
+    consumers: dict[str, list] = {o.name: [None] for o in graph.output}
+    for node, scopes in zip(graph.node, scopes_of):
+        for name in node.input:
+            consumers.setdefault(name, []).append(scopes)
+    values = [(out, scopes, consumers.get(out, []))
+              for node, scopes in zip(graph.node, scopes_of) for out in node.output if out]
+    taken = ({n.name for n in graph.node} | {o for n in graph.node for o in n.output}
+             | {t.name for t in graph.initializer} | {i.name for i in graph.input})
+    return module_output_aliases(values, taken)
+
+
+def _name_scopes(node) -> dict[str, str]:
+    """``{scope: scope}`` from a node's ``pkg.torch.onnx.name_scopes`` (a Python list literal)."""
+    text = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+    try:
+        scopes = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {}
+    # the last entry names the fx node the ONNX node came from, not a module
+    return {s: s for s in scopes[:-1]} if isinstance(scopes, list) else {}

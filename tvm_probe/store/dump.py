@@ -66,9 +66,10 @@ class DumpContent:
     model_hash: str
     target: str
     pipeline: str
-    total_us: float
+    total_us: float | None
     metadata: dict = field(default_factory=dict)
     value_keys: list[str] = field(default_factory=list)
+    timings: bool = True
 
     def __post_init__(self):
         if not self.value_keys:
@@ -138,7 +139,7 @@ class DumpWriter:
                 stream.write(key, array)
             stream.close()
         _write_json(self.device_dir / GRAPH, graph_json(content.nodes, content.sources))
-        _write_json(self.device_dir / TRACE, chrome_trace(content.nodes))
+        _write_json(self.device_dir / TRACE, chrome_trace(content.nodes if content.timings else []))
         _write_json(self.device_dir / SOURCES, {
             "sources": [v.to_record() for v in content.sources],
             "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
@@ -348,7 +349,11 @@ class DumpReader(Results):
         files = manifest.get("files")
         if not isinstance(files, dict) or not isinstance(manifest.get("device_dir"), str):
             raise CorruptDumpError(f"'{self.root / MANIFEST}' lacks its file list: write the dump again")
+        for rel in [manifest["device_dir"], *files]:
+            self._inside(rel)
         for rel, info in files.items():
+            if not isinstance(info, dict):
+                raise CorruptDumpError(f"'{self.root / MANIFEST}': the entry of '{rel}' is malformed")
             path = self.root / rel
             if not path.is_file():
                 raise CorruptDumpError(f"dump file '{rel}' is missing from '{self.root}': write the dump again")
@@ -360,6 +365,14 @@ class DumpReader(Results):
                 raise CorruptDumpError(f"dump file '{rel}' was modified after it was written "
                                        "(checksum mismatch): write the dump again")
         return manifest
+
+    def _inside(self, rel) -> None:
+        """Refuse manifest paths that would read outside the dump folder."""
+        root = self.root.resolve()
+        target = (root / str(rel)).resolve()
+        if not isinstance(rel, str) or not rel or (target != root and root not in target.parents):
+            raise CorruptDumpError(f"'{self.root / MANIFEST}' names a path outside the dump ({rel!r}): "
+                                   "refusing to read it")
 
     def _json(self, path: Path):
         try:

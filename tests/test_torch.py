@@ -1,0 +1,233 @@
+"""PyTorch models: probed by fx node name and module path, checked against PyTorch eager.
+
+The reference is independent of TVM: ``torch_values`` interprets the exported program node by
+node in eager PyTorch, and module outputs come from forward hooks registered here.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvm_probe import ModelError, Probe, UnsupportedOpError  # noqa: E402
+from tvm_probe.importer.onnx import module_output_aliases  # noqa: E402
+from tvm_probe.importer.torch import export_program, import_torch, node_keys  # noqa: E402
+from tvm_probe.reference.torch import torch_values  # noqa: E402
+from tvm_probe.sources import Kind  # noqa: E402
+
+from torch_models import tiny_torch_bert, tiny_torch_cnn  # noqa: E402
+
+PIPELINES = ["default", "fused"]
+ATOL = 1e-4
+
+
+def _probes(module, args) -> dict[str, Probe]:
+    """One probe per pipeline, each after one run capturing everything."""
+    probes = {}
+    for pipeline in PIPELINES:
+        probe = Probe.from_torch(module, args, pipeline=pipeline)
+        probe.run([a.numpy() for a in args])
+        probes[pipeline] = probe
+    return probes
+
+
+def _hooked_outputs(module, args, paths) -> dict[str, np.ndarray]:
+    """Each module's output in eager PyTorch, from forward hooks (the last call wins)."""
+    modules, outputs = dict(module.named_modules()), {}
+    handles = [modules[p].register_forward_hook(
+        lambda m, i, o, p=p: outputs.__setitem__(p, o.detach().numpy().copy())) for p in paths]
+    try:
+        with torch.no_grad():
+            module(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny_torch_bert()
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return tiny_torch_cnn()
+
+
+@pytest.fixture(scope="module")
+def bert_probes(bert):
+    return _probes(*bert)
+
+
+@pytest.fixture(scope="module")
+def cnn_probes(cnn):
+    return _probes(*cnn)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("name", ["bert", "cnn"])
+def test_every_tagged_value_equals_pytorch_eager(request, name, pipeline):
+    module, args = request.getfixturevalue(name)
+    probe = request.getfixturevalue(f"{name}_probes")[pipeline]
+    reference = torch_values(module, args)
+    checked = [v.key for v in probe.imported.sources if v.kind is Kind.VALUE]
+    assert len(checked) > (100 if name == "bert" else 10)
+    # every value is served: FoldConstant's victims (full_like, embedding of it) are "folded"
+    assert not [k for k in checked if probe.served(k) == "unavailable"]
+    for key in checked:
+        np.testing.assert_allclose(probe.get(key), reference[key], atol=ATOL, err_msg=f"{name} {pipeline} {key}")
+    (output,) = probe.imported.sources.model_outputs
+    with torch.no_grad():
+        np.testing.assert_allclose(probe.get(output), module(*args).numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["bert", "cnn"])
+def test_tagged_import_is_structurally_identical_to_a_plain_import(request, name):
+    import tvm
+    from tvm.relax.frontend.torch import from_exported_program
+
+    module, args = request.getfixturevalue(name)
+    tagged = request.getfixturevalue(f"{name}_probes")["default"].imported.mod
+    plain = from_exported_program(torch.export.export(module, args))
+    tvm.ir.assert_structural_equal(plain, tagged, map_free_vars=True)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_module_paths_resolve_to_the_module_outputs(bert, bert_probes, pipeline):
+    paths = ["bert.embeddings", "bert.encoder.layer.0.attention", "bert.encoder.layer.0.attention.self.query",
+             "bert.encoder.layer.1.intermediate", "bert.encoder", "bert.pooler", "classifier"]
+    expected = _hooked_outputs(*bert, paths)
+    probe = bert_probes[pipeline]
+    for path in paths:
+        np.testing.assert_allclose(probe.get(path), expected[path], atol=ATOL, err_msg=path)
+
+
+def test_node_and_weight_names_resolve(bert, bert_probes):
+    module, args = bert
+    probe, reference = bert_probes["fused"], torch_values(*bert)
+    for name in ("bmm_1", "_softmax", "gelu_1", "getitem_3", "input_ids"):
+        np.testing.assert_allclose(probe.get(name), reference[name], atol=ATOL, err_msg=name)
+    weight = "bert.encoder.layer.0.attention.self.query.weight"
+    np.testing.assert_array_equal(probe.get(weight), module.state_dict()[weight].numpy())
+    assert probe.sources_map["bmm_1"].op_type == "aten.bmm.default"
+
+
+def test_a_module_called_several_times_answers_with_its_last_call(cnn, cnn_probes):
+    """``act`` (one ReLU) runs three times; its path names the third call's output."""
+    expected = _hooked_outputs(*cnn, ["act", "bn2", "pool"])
+    for path, value in expected.items():
+        np.testing.assert_allclose(cnn_probes["fused"].get(path), value, atol=ATOL, err_msg=path)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_getitem_of_a_tuple_literal_stays_served(cnn_probes, pipeline):
+    """max_pool2d_with_indices becomes a Relax tuple literal; the pipeline drops its getitem."""
+    probe = cnn_probes[pipeline]
+    assert probe.served("getitem_9") in ("captured", "recomputed")
+    assert [v.key for v in probe.imported.sources if v.served.value == "unavailable"] == []
+
+
+def test_module_output_rule_and_node_names_winning_over_paths():
+    # (key, {scope: path}, consumers' scopes; None = graph output)
+    values = [("a", {"s": "blk", "s.x": "blk.x"}, [{"s"}]),       # leaves blk.x, stays in blk
+              ("b", {"s": "blk"}, [{"t"}]),                         # leaves blk
+              ("relu", {"r": "relu"}, [{"r@1"}]),                   # first call of `relu`
+              ("relu_1", {"r@1": "relu"}, [None])]                  # last call, graph output
+    assert module_output_aliases(values) == {"a": ("blk.x",), "b": ("blk",), "relu_1": ("relu",)}
+    assert module_output_aliases(values, taken={"relu"}) == {"a": ("blk.x",), "b": ("blk",)}
+
+
+def test_dynamo_onnx_export_answers_to_module_paths(bert, tmp_path):
+    pytest.importorskip("onnxscript")
+    module, args = bert
+    path = tmp_path / "bert.onnx"
+    torch.onnx.export(module, args, str(path), dynamo=True, verbose=False)
+    probe = Probe.from_onnx(path, pipeline="default")
+    probe.run({"input_ids": args[0].numpy(), "attention_mask": args[1].numpy()})
+    names = ["bert.encoder.layer.0.attention.self.query", "bert.encoder.layer.1.attention", "classifier"]
+    expected = _hooked_outputs(module, args, names)
+    for name in names:
+        np.testing.assert_allclose(probe.get(name), expected[name], atol=ATOL, err_msg=name)
+
+
+def test_export_is_deterministic_so_reference_names_match(bert, bert_probes):
+    """import_torch and torch_values export separately; the same module gives the same names."""
+    first, second = export_program(*bert), export_program(*bert)
+    assert [n.name for n in first.graph.nodes] == [n.name for n in second.graph.nodes]
+    assert list(node_keys(first).values()) == list(node_keys(second).values())
+    imported = import_torch(*bert)
+    assert imported.model_hash == bert_probes["default"].imported.model_hash
+    assert {v.key for v in imported.sources} <= set(torch_values(*bert, program=first))
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def test_data_dependent_control_flow_is_a_one_line_model_error():
+    with pytest.raises(ModelError) as info:
+        import_torch(_DataDependent(), (torch.randn(3),))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("torch.export cannot trace _DataDependent: ")
+    assert "data-dependent" in message and "if x.sum() > 0:" in message
+
+
+def test_a_failing_converter_names_the_fx_node(monkeypatch):
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    def broken(self, node):
+        raise ValueError("cannot convert\nsecond line")
+
+    monkeypatch.setattr(ExportedProgramImporter, "_softmax", broken)
+    with pytest.raises(UnsupportedOpError, match=r"^TVM's PyTorch importer failed on fx node '_softmax' "
+                                                 r"\(aten._softmax.default\): cannot convert$"):
+        import_torch(torch.nn.Softmax(dim=-1), (torch.randn(2, 3),))
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_missing_torch_is_a_one_line_model_error():
+    result = _python(
+        "import sys; sys.modules['torch'] = None\n"
+        "from tvm_probe.importer.torch import import_torch\n"
+        "from tvm_probe import ModelError\n"
+        "try:\n    import_torch(object(), ())\n"
+        "except ModelError as err:\n    print(err)\n")
+    assert result.stdout.strip() == "PyTorch is not installed: pip install 'tvm_probe[torch]'", result.stderr
+
+
+def test_importing_tvm_probe_does_not_import_torch():
+    result = _python("import sys, tvm_probe, tvm_probe.importer.torch, tvm_probe.reference.torch\n"
+                     "print('torch' in sys.modules)")
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_torch_config_with_torch_reference_through_the_cli(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    factory = Path(__file__).parent / "torch_models.py"
+    config = tmp_path / "torch.yaml"
+    config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\npipeline: fused\nreference: torch\n")
+    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1].endswith("compared values within tolerance")
+    config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\nreference: onnxruntime\n")
+    wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
+                           capture_output=True, text=True)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip() == ("tvm-probe: error: reference: 'onnxruntime' cannot run a PyTorch model: "
+                                    "use reference: torch")

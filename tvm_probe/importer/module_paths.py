@@ -1,0 +1,57 @@
+"""Module paths (``bert.encoder.layer.0.attention``) as names of the values modules output.
+
+Shared by the PyTorch importer (fx nodes' ``nn_module_stack``) and the ONNX importer (the
+dynamo exporter's ``pkg.torch.onnx.name_scopes``), so both follow one rule.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping, Sequence
+
+_GETATTR = re.compile(r"getattr\(([^()]*), '([^']*)'\)")
+_SELF_PREFIX = re.compile(r"^(L\[['\"]self['\"]\]|self)(?=\.|\[|$)")
+_SUBSCRIPT = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]*)['\"]?\]")
+
+
+def module_path(scope: str) -> str:
+    """A module path in ``named_modules()`` form: ``bert.encoder.layer.0.attention.self.query``.
+
+    torch versions spell paths ``bert.encoder.layer.0``, ``L['self'].bert.encoder.layer[0]`` or
+    ``getattr(L['self'].bert.encoder.layer, '0')``; all become the first form ('' for the root).
+    """
+    path = str(scope).strip()
+    while _GETATTR.search(path):  # innermost first: the pattern admits no nested parentheses
+        path = _GETATTR.sub(r"\1.\2", path)
+    path = _SUBSCRIPT.sub(r".\1", _SELF_PREFIX.sub("", path))
+    return path.strip(".")
+
+
+def module_output_aliases(values: Iterable[tuple[str, Mapping, Sequence]],
+                          taken: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Which module paths name which value: ``{value key: (module path, ...)}``.
+
+    The output of a module call is the last value (in graph order) produced inside that call and
+    used outside it (or returned by the graph).  A module called several times answers with its
+    *last* call.  Paths equal to a name in ``taken`` (node or tensor names) are left out, so that
+    a module ``relu`` does not make the node ``relu`` ambiguous: the node name wins.
+
+    Args:
+        values: ``(key, scopes, consumers)`` in graph order.  ``scopes`` maps each scope (one
+            module call) the producer runs in to its raw module path; ``consumers`` holds, per
+            use of the value, the collection of scopes the consumer runs in, or ``None`` for a
+            graph output.
+        taken: names the paths must not shadow.
+    """
+    taken = set(taken)
+    last: dict[str, str] = {}
+    for key, scopes, consumers in values:
+        for scope, raw in scopes.items():
+            if any(c is None or scope not in c for c in consumers):
+                path = module_path(raw)
+                if path and path not in taken:
+                    last[path] = key
+    found: dict[str, list[str]] = {}
+    for path, key in last.items():
+        found.setdefault(key, []).append(path)
+    # innermost module first: the name closest to the op that computed the value
+    return {k: tuple(sorted(p, key=lambda s: -s.count("."))) for k, p in found.items()}

@@ -1,0 +1,414 @@
+"""Import a PyTorch module into Relax, tagging every runtime value with its fx node name.
+
+PyTorch users name tensors two ways: by fx node name (``bmm_3``, what ``torch.export`` prints)
+and by module path (``bert.encoder.layer.0.attention.self.query``).  TVM's
+``from_exported_program`` keeps neither, but its importer fills ``env: fx.Node → Relax expr``
+as it converts, and every converter emits its result with the block builder, so each fx node's
+value is a Relax Var of ``main`` whose identity survives the pipeline (see docs/architecture.md).
+We therefore run TVM's own :class:`ExportedProgramImporter` unchanged and read ``env``
+afterwards — no extra bindings, so the module is structurally identical to a plain import.  The
+only addition wraps each converter so that a failure names the fx node and aten op.
+
+The program imported is ``torch.export.export(module, args).run_decompositions()``: exactly
+what ``from_exported_program`` converts (it runs the default decompositions itself), built by
+:func:`export_program`, which the eager reference (:mod:`tvm_probe.reference.torch`) uses too.
+
+torch is imported lazily: ``import tvm_probe`` must work without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
+from ..sources import Kind, SourceMap, SourceValue
+from .model import ImportedModel, InputSpec
+from .module_paths import module_output_aliases
+from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
+
+_NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
+
+
+def import_torch(module, example_inputs) -> ImportedModel:
+    """Export ``module`` with ``torch.export`` and import it with every fx node's value tagged.
+
+    Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
+    state-dict names for parameters and buffers (``bert.embeddings.LayerNorm.weight``).  A value
+    also answers to the module paths whose output it is (see :func:`module_output_aliases`).
+
+    Args:
+        module: a ``torch.nn.Module`` (in ``eval()`` mode for inference behaviour).
+        example_inputs: a tuple of tensors, the positional arguments of ``forward``; their
+            shapes are compiled statically.
+
+    Raises:
+        ModelError: torch is missing or ``torch.export`` cannot trace the module;
+        UnsupportedOpError: TVM cannot convert an fx node.
+    """
+    program = export_program(module, example_inputs)
+    importer = _make_importer()
+    _check_ops_supported(program, importer)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            mod = importer.from_exported_program(  # the defaults of from_exported_program
+                program, keep_params_as_input=False, unwrap_unit_return_tuple=False,
+                no_bind_return_tuple=False, custom_convert_map=None)
+        except ProbeError:
+            raise
+        except Exception as err:
+            raise ModelError(f"TVM's PyTorch importer failed: {one_line(err)}") from None
+    return _collect(program, mod, importer.env)
+
+
+def require_torch():
+    """The ``torch`` module, or a one-line :class:`ModelError` saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise ModelError(_NO_TORCH) from None
+    return torch
+
+
+def export_program(module, example_inputs):
+    """``torch.export.export(module, args).run_decompositions()``: the program TVM converts.
+
+    ``from_exported_program`` decomposes before converting, and decomposition renames nodes, so
+    the importer and the eager reference both read this program.  Export is deterministic:
+    the same module and inputs give the same node names (``tests/test_torch.py`` checks it).
+    """
+    torch = require_torch()
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"cannot import a {type(module).__name__}: pass a torch.nn.Module")
+    args = example_args(example_inputs)
+    name = type(module).__name__
+    with warnings.catch_warnings(), _quiet_torch():
+        warnings.simplefilter("ignore")  # torch's deprecation chatter; failures are reported
+        try:
+            program = torch.export.export(module, args)
+        except Exception as err:
+            raise ModelError(f"torch.export cannot trace {name}: {_export_failure(err)}") from None
+        try:
+            return program.run_decompositions()
+        except Exception as err:
+            raise ModelError(f"torch.export cannot decompose {name}: {one_line(err)}") from None
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """Silence what torch writes to stderr while exporting (graphs, tracebacks on failure).
+
+    A failure becomes one ModelError line.  torch prints some of it directly and logs the rest
+    through its own loggers, which do not propagate to the root logger and hold the original
+    stderr, so they are switched off one by one and restored afterwards.
+    """
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
+               if n == "torch" or n.startswith("torch.")]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, was in zip(loggers, before):
+            lg.disabled = was
+
+
+def example_args(example_inputs) -> tuple:
+    """``forward``'s positional arguments: a tuple of tensors (a lone tensor is wrapped)."""
+    torch = require_torch()
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ModelError(f"example_inputs is a {type(example_inputs).__name__}: pass a tuple of tensors")
+    return tuple(example_inputs)
+
+
+def _export_failure(err: Exception) -> str:
+    """One line: torch's reason, where it happened, and what to do about it."""
+    text = str(err)
+    reason = one_line(text, limit=160).rstrip(".")
+    if "data-dependent" not in text:
+        return f"{reason}: check that example_inputs fit forward() and that torch.export supports the model"
+    where = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)',
+                      text.split("The following call raised this error:")[-1])
+    at = f" at {where[1]}:{where[2]} `{where[3].strip()}`" if where else ""
+    return (f"{reason}{at}: make the forward traceable (no data-dependent Python control flow; "
+            "use torch.where or torch.cond)")
+
+
+def _make_importer():
+    """TVM's ``ExportedProgramImporter``, its converters wrapped to name failing fx nodes."""
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    class _NamingImporter(ExportedProgramImporter):
+        def create_convert_map(self):
+            return {name: _naming_failures(convert) for name, convert in super().create_convert_map().items()}
+
+    return _NamingImporter()
+
+
+def _naming_failures(convert):
+    """``convert`` with any exception turned into a one-line UnsupportedOpError for its node."""
+    def wrapped(node, *rest):
+        try:
+            return convert(node, *rest)
+        except Exception as err:
+            raise UnsupportedOpError(
+                f"TVM's PyTorch importer failed on fx node '{node.name}' ({op_type(node)}): "
+                f"{one_line(err)}") from None
+    return wrapped
+
+
+def op_type(node) -> str:
+    """The aten op of an fx node (``aten.bmm.default``), or the function name (``getitem``)."""
+    target = node.target
+    if node.op != "call_function":
+        return node.op
+    text = str(target)
+    return text if text.startswith(("aten.", "prims.")) else getattr(target, "__name__", text)
+
+
+def _check_ops_supported(program, importer) -> None:
+    bad = [n for n in program.graph.nodes
+           if n.op == "call_function" and n.target.__name__ not in importer.convert_map]
+    if bad:
+        others = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UnsupportedOpError(
+            f"fx node '{bad[0].name}' calls {op_type(bad[0])}, which TVM's PyTorch importer cannot "
+            f"convert{others}: rewrite that part of the model with supported ops")
+
+
+@dataclass
+class _Collected:
+    """What :func:`_collect` builds, filled node by node."""
+
+    env: dict
+    sources: SourceMap = field(default_factory=SourceMap)
+    constants: dict = field(default_factory=dict)
+    var_keys: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)
+
+    def tag(self, var, key: str) -> None:
+        self.var_keys.setdefault(var, []).append(key)
+
+
+def _collect(program, mod, env) -> ImportedModel:
+    """Turn the importer's ``env`` into a SourceMap, Var tags and constants."""
+    keys, weights = node_keys(program), placeholder_tensors(program)
+    out = _Collected(env)
+    # a weight's placeholder Var is replaced by a constant (BindParams): identities of it too
+    weight_of_var = {env[n]: keys[n] for n in keys if n.op == "placeholder" and keys[n] in weights and n in env}
+    bound_to = _binding_of_value(mod)
+    user = _user_input_names(program)
+    for topo, node in enumerate(program.graph.nodes):
+        if node not in keys:
+            continue
+        value = SourceValue(key=keys[node], node=node.name, op_type=op_type(node), topo_index=topo,
+                            inputs=tuple(keys[a] for a in node.all_input_nodes if a in keys))
+        if node.op == "placeholder":
+            found = _add_placeholder(value, node, node.name in user, weights, out)
+        else:
+            expr = env.get(node)
+            expr = bound_to.get(expr, expr)  # a converter's unbound Call, bound where first used
+            found = _add_computed(value, expr, weight_of_var, out)
+        if found:
+            out.sources.add(value)
+    _add_module_paths(program, keys, out.sources)
+    _follow_aliases(mod, out.var_keys)
+    _follow_tuple_fields(mod, out.var_keys)
+    order = {p.name: i for i, p in enumerate(mod["main"].params)}
+    out.inputs.sort(key=lambda s: order.get(s.name, len(order)))
+    out.sources.model_inputs = [s.name for s in out.inputs]
+    out.sources.model_outputs = [keys[n] for n in _user_outputs(program) if n in keys]
+    return ImportedModel(mod=mod, sources=out.sources, var_keys=out.var_keys, constants=out.constants,
+                         inputs=out.inputs, model_hash=model_hash(program, weights))
+
+
+def _follow_tuple_fields(mod, var_keys: dict) -> None:
+    """Give ``v``'s names to ``x`` for every ``v = t[i]`` where ``t = (..., x, ...)`` is bound.
+
+    Some converters build a tuple literal (``max_pool2d_with_indices`` → ``(pool, zeros)``) that
+    ``getitem`` reads; the pipeline then replaces ``v`` by ``x`` itself, so ``x`` must answer too.
+    """
+    from tvm import relax
+
+    tuples = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Tuple):
+                tuples[binding.var] = value
+            elif (isinstance(value, relax.TupleGetItem) and value.tuple_value in tuples
+                  and binding.var in var_keys):
+                item = tuples[value.tuple_value].fields[value.index]
+                if isinstance(item, relax.Var):
+                    var_keys.setdefault(item, []).extend(var_keys[binding.var])
+
+
+def _add_placeholder(value: SourceValue, node, is_user_input: bool, weights: dict, out: _Collected) -> bool:
+    """Fill in a user input, weight or lifted constant; False for other placeholders."""
+    if is_user_input:
+        var = out.env[node]
+        shape, dtype = _tensor_info(var)
+        value.kind, value.op_type, value.shape, value.dtype = Kind.INPUT, "Input", shape, dtype
+        out.tag(var, value.key)
+        out.inputs.append(InputSpec(value.key, shape, dtype))
+        return True
+    if value.key not in weights:
+        return False  # tokens, custom objects: nothing to read
+    tensor, kind = weights[value.key]
+    _set_constant(value, tensor, out, kind)
+    value.op_type = "Parameter" if kind is Kind.PARAM else "Constant"
+    return True
+
+
+def _add_computed(value: SourceValue, expr, weight_of_var: dict, out: _Collected) -> bool:
+    """Fill in a call_function node's value; False when it has none."""
+    from tvm import relax
+
+    if expr in weight_of_var:  # e.g. a clone of a weight: a constant after BindParams
+        value.inputs = (weight_of_var[expr],)
+        _set_constant(value, out.constants[weight_of_var[expr]], out)
+    elif isinstance(expr, relax.Var):
+        value.kind = Kind.VALUE
+        value.shape, value.dtype = _tensor_info(expr)
+        out.tag(expr, value.key)
+    elif isinstance(expr, relax.Call):  # never bound: the import dropped it
+        value.shape, value.dtype = _tensor_info(expr)
+    else:
+        const = _const_value(expr) if isinstance(expr, relax.Expr) else _python_scalar(expr)
+        if const is None:
+            return False
+        _set_constant(value, const, out)
+    return True
+
+
+def _set_constant(value: SourceValue, array: np.ndarray, out: _Collected, kind: Kind = Kind.CONSTANT) -> None:
+    value.kind, value.shape, value.dtype = kind, array.shape, str(array.dtype)
+    out.constants[value.key] = array
+
+
+def _python_scalar(value) -> np.ndarray | None:
+    return np.array(value) if isinstance(value, (bool, int, float)) else None
+
+
+def node_keys(program) -> dict:
+    """fx node → source key, for every node that holds a tensor or scalar.
+
+    User inputs and computed values keep their fx node name; parameters, buffers and lifted
+    constants take their state-dict name (``target`` in the graph signature).  Nodes without a
+    value of their own are left out: ``_assert_*`` checks (value ``None``) and multi-output ops
+    (a tuple; each ``getitem`` on it is a value).
+    """
+    target_of = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
+                 if getattr(spec.arg, "name", None) and spec.target}
+    keys = {}
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            keys[node] = target_of.get(node.name, node.name)
+        elif node.op == "call_function" and _has_value(node):
+            keys[node] = node.name
+    return keys
+
+
+def _has_value(node) -> bool:
+    if "val" in node.meta:
+        val = node.meta["val"]
+        return val is not None and not isinstance(val, (tuple, list))
+    schema = getattr(node.target, "_schema", None)  # no fake value recorded (asserts): ask the op
+    return schema is None or len(schema.returns) == 1
+
+
+def placeholder_tensors(program) -> dict:
+    """State-dict name → (numpy value, Kind) for parameters, buffers and lifted constants."""
+    import torch
+
+    kinds = torch.export.graph_signature.InputKind
+    tensors = lifted_tensors(program)
+    found = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind in (kinds.PARAMETER, kinds.BUFFER, kinds.CONSTANT_TENSOR) and spec.target in tensors:
+            kind = Kind.CONSTANT if spec.kind is kinds.CONSTANT_TENSOR else Kind.PARAM
+            found[spec.target] = (tensors[spec.target].detach().cpu().numpy(), kind)
+    return found
+
+
+def lifted_tensors(program) -> dict:
+    """State-dict name → torch tensor for every weight, buffer and constant export lifted.
+
+    Non-persistent buffers are not in ``state_dict``; export keeps them in ``constants``.
+    """
+    return {**program.state_dict, **program.constants}
+
+
+def _user_input_names(program) -> set[str]:
+    import torch
+
+    user = torch.export.graph_signature.InputKind.USER_INPUT
+    return {s.arg.name for s in program.graph_signature.input_specs if s.kind is user}
+
+
+def _user_outputs(program) -> list:
+    """fx nodes the module returns (mutated buffers, which export also returns, left out)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    kinds = torch.export.graph_signature.OutputKind
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    leaves = tree_leaves(output.args[0])
+    specs = program.graph_signature.output_specs
+    if len(specs) == len(leaves):
+        leaves = [leaf for leaf, s in zip(leaves, specs) if s.kind in (kinds.USER_OUTPUT, kinds.LOSS_OUTPUT)]
+    return [leaf for leaf in leaves if hasattr(leaf, "op")]
+
+
+def _add_module_paths(program, keys, sources: SourceMap) -> None:
+    """Give each value the module paths whose output it is (rule: module_output_aliases).
+
+    ``nn_module_stack`` maps one key per module *call* (``L__self___relu@1`` for the second
+    call) to ``(path, type)``, so "used outside the module" is judged per call; a module called
+    several times answers with its last call.  Users without a value (asserts) do not count.
+    """
+    def stack(node) -> dict:
+        return {k: v[0] for k, v in (node.meta.get("nn_module_stack") or {}).items()}
+
+    values = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or keys.get(node) not in sources:
+            continue
+        uses = [None if u.op == "output" else stack(u) for u in node.users
+                if u.op == "output" or u in keys or _is_tuple(u)]
+        values.append((keys[node], stack(node), uses))
+    taken = {name for v in sources for name in (v.key, v.node)}
+    for key, paths in module_output_aliases(values, taken).items():
+        sources[key].aliases = paths
+
+
+def _is_tuple(node) -> bool:
+    return isinstance(node.meta.get("val"), (tuple, list))
+
+
+def model_hash(program, weights: dict | None = None) -> str:
+    """sha256 of the exported graph's Python code, its weights and input specs.
+
+    The graph code holds every op, node name and static shape argument; the weights are
+    hashed by name, dtype, shape and bytes.  Re-exporting the same module gives the same hash.
+    """
+    digest = hashlib.sha256(program.graph_module.code.encode())
+    weights = placeholder_tensors(program) if weights is None else weights
+    for name, (value, _) in sorted(weights.items()):
+        digest.update(f"{name}:{value.dtype}:{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and hasattr(node.meta.get("val"), "shape"):
+            digest.update(f"{node.name}:{node.meta['val'].dtype}:{tuple(node.meta['val'].shape)}".encode())
+    return digest.hexdigest()
