@@ -107,7 +107,7 @@ def test_manifest_paths_cannot_leave_the_dump(small_dump, tmp_path):
 
 
 def test_a_full_disk_during_a_dump_loses_nothing(small_dump, tmp_path):
-    """A real write failure: the file-size limit makes the kernel refuse writes past 4 KiB."""
+    """A real write failure: the file-size limit makes the kernel refuse writes past 1 KiB."""
     script = textwrap.dedent(f"""
         import resource, signal, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -117,7 +117,7 @@ def test_a_full_disk_during_a_dump_loses_nothing(small_dump, tmp_path):
         probe = Probe.from_onnx(model)
         probe.run(inputs)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
         try:
             probe.dump({str(small_dump)!r}, overwrite=True)
         except DumpError as err:

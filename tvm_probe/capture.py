@@ -18,6 +18,9 @@ Kernel calls are matched to call sites by ``(symbol, occurrence)``, counted the 
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -92,9 +95,10 @@ class DebugExecutor:
         t0 = time.perf_counter()
         self.vm.set_instrument(calls.guarded_hook)
         try:
-            result = self.vm["main"](*device_inputs)
+            with _deferred_interrupt(calls):
+                result = self.vm["main"](*device_inputs)
         except Exception:
-            # TVM turns an exception raised in the hook (Ctrl-C, a full disk while streaming)
+            # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
             # into a bare RuntimeError: re-raise the original.
             if calls.failure is not None:
                 raise calls.failure from None
@@ -109,6 +113,26 @@ class DebugExecutor:
 
 def _continue(*_args) -> int:
     return 0
+
+
+@contextlib.contextmanager
+def _deferred_interrupt(calls: "_Calls"):
+    """Turn Ctrl-C during a VM run into a KeyboardInterrupt after the run stops.
+
+    Python delivers SIGINT wherever it next runs bytecode — inside the VM that is the instrument
+    hook, where TVM would wrap the KeyboardInterrupt into a RuntimeError.  So the handler only
+    sets a flag; the hook sees it and stops the run, and the interrupt is raised here.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: setattr(calls, "interrupted", True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if calls.interrupted:
+        raise KeyboardInterrupt
 
 
 class _Calls:
@@ -131,9 +155,12 @@ class _Calls:
         self.t_call = 0.0
         self.unexpected: list[str] = []
         self.failure: BaseException | None = None
+        self.interrupted = False
 
     def guarded_hook(self, *args):
         try:
+            if self.interrupted:
+                raise KeyboardInterrupt
             return self.hook(*args)
         except BaseException as err:
             self.failure = err

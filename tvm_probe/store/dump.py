@@ -21,6 +21,7 @@ Reading needs numpy alone and verifies the manifest before trusting any file.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -169,8 +170,10 @@ class DumpWriter:
             raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
 
     def abort(self) -> None:
+        """Remove the temporary folder (after a failure: the close may fail the same way)."""
         if self._file is not None and not self._file.closed:
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
