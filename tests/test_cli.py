@@ -87,7 +87,7 @@ def test_tampered_reference_weight_exits_1_and_names_the_first_divergent_op(tmp_
     ("model: {demo: {}}\npipeline: nope\n", ":2: pipeline: must be one of default, fused, got 'nope'"),
     ("model: {onnx: nowhere.onnx}\n", ":1: model.onnx: file"),
     ("model: {demo: {}}\ncapture: ['*/NoSuchOp']\noutput: {}\nreference: none\n",
-     "pattern '*/NoSuchOp' matches no source value"),
+     "capture: pattern '*/NoSuchOp' matches no source value"),
     ("model: {demo: {}}\ninputs:\n  image: {random: {seed: 0}}\nreference: none\n",
      "inputs.image: the model has no such input; its inputs are input_ids, attention_mask"),
 ])

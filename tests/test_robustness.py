@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tvm_probe import (CorruptDumpError, DumpError, InputError, ModelError, Probe, ProbeError, demo,
+from tvm_probe import (CorruptDumpError, DumpError, InputError, ModelError, Probe, ProbeError,
                        load_dump)
 from tvm_probe.store.dump import MANIFEST, _sha256
 
@@ -71,7 +71,9 @@ def test_nan_and_inf_inputs_are_refused_unless_allowed(small):
     out = probe.run({"x": bad}, allow_nonfinite=True)
     assert np.isnan(out["z"][0]).any()
     assert np.isnan(probe.get("y")[0]).any() and not np.isnan(probe.get("y")[1]).any()
+    assert probe.first_nonfinite() == "mm"  # x@Wr: the first computed value holding NaN
     probe.run(inputs)
+    assert probe.first_nonfinite() is None
 
 
 def test_out_of_range_ids_are_refused_before_tvm_reads_out_of_bounds(bert_model, bert_inputs):
@@ -270,3 +272,18 @@ def test_corrupting_any_dump_file_gives_a_clear_error(small_dump, tmp_path_facto
         reader.nodes, reader.sources
     except ProbeError as err:
         assert "\n" not in str(err)
+
+
+def test_comparison_names_the_first_nan(small):
+    from tvm_probe.compare import compare
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    model, inputs, probe = small
+    clean = onnxruntime_values(model, inputs)
+    bad = inputs["x"].copy()
+    bad[1, 2] = np.nan
+    probe.run({"x": bad}, allow_nonfinite=True)
+    result = compare(probe, clean)
+    assert not result and result.first_nonfinite.name == "mm"
+    assert result.verdict().endswith("; first NaN/Inf: mm (8 NaN, 0 Inf)")  # one NaN in x spoils a row of x@Wr
+    probe.run(inputs)

@@ -4,7 +4,9 @@ Metrics per value: max abs error, max rel error, mean abs error, cosine similari
 NaN/Inf counts on both sides, and pass/fail against ``atol + rtol * |ref|`` (numpy's
 ``allclose`` rule).  :attr:`Comparison.first_divergent` is the earliest value, in source
 order (which is topological), that fails — every value it was computed from passed: where to
-start looking.
+start looking.  :attr:`Comparison.first_nonfinite` is the earliest value where TVM produced
+NaN/Inf the reference does not have; :meth:`Results.first_nonfinite` finds the first NaN/Inf of
+a run without any reference.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Comparison:
 
     values: list[ValueComparison] = field(default_factory=list)
     first_divergent: ValueComparison | None = None
+    first_nonfinite: ValueComparison | None = None  # first value where TVM has NaN/Inf and the reference not
     skipped: dict[str, str] = field(default_factory=dict)  # key → why it was not compared
 
     def __bool__(self) -> bool:
@@ -69,6 +72,10 @@ class Comparison:
         first = self.first_divergent
         where = (f"; first divergent op: {first.name} (max abs error {first.max_abs:.3g})"
                  if first else "")
+        nonfinite = self.first_nonfinite
+        if nonfinite is not None:
+            where += (f"; first NaN/Inf: {nonfinite.name} ({nonfinite.nan_tvm} NaN, "
+                      f"{nonfinite.inf_tvm} Inf)")
         return f"{bad} of {n} compared values out of tolerance{where}"
 
 
@@ -141,4 +148,7 @@ def compare(results: Results, reference: Mapping[str, np.ndarray], atol: float =
             # Source order is topological (ONNX requires it), so the first failure is a value
             # whose inputs all passed.
             out.first_divergent = cmp
+        new_nonfinite = cmp.nan_tvm + cmp.inf_tvm > cmp.nan_ref + cmp.inf_ref
+        if new_nonfinite and out.first_nonfinite is None:
+            out.first_nonfinite = cmp
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config, ConfigError
+from .errors import NameLookupError
 from .progress import Progress
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
@@ -39,9 +40,12 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     progress = progress or Progress(enabled=False)
     model = config.model.load_torch() if config.model.torch else config.model.load()
     probe, inputs = config_inputs(config, model, progress)
+    capture = config.capture if config.capture is None or config.capture == "all" else list(config.capture)
     with progress.stage("run"):
-        probe.run(inputs, capture=config.capture if config.capture is None or config.capture == "all"
-                  else list(config.capture))
+        try:
+            probe.run(inputs, capture=capture)
+        except NameLookupError as err:  # a capture pattern that names nothing in this model
+            raise ConfigError(f"{config.source}: capture: {err}") from None
     outcome = Outcome(probe=probe, inputs=inputs)
     if config.output.dump is not None:
         with progress.stage("dump"):

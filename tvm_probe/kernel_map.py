@@ -92,7 +92,6 @@ class KernelMap:
     sites: list[CallSite]
     output_of: dict[str, tuple[int, int]]   # key → (site, output k)
     interior_of: dict[str, int]             # key → site whose grouped function computes it
-    untouched: list[str]                    # tagged runtime values no site computes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,8 +335,4 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
         for key in site.interior_keys:
             if key not in output_of:
                 interior_of.setdefault(key, site.index)
-    runtime_keys = {k for keys in tags.values() for k in keys}
-    untouched = sorted(k for k in runtime_keys
-                       if k not in output_of and k not in interior_of
-                       and imported.sources[k].kind.value == "value")
-    return KernelMap(sites=sites, output_of=output_of, interior_of=interior_of, untouched=untouched)
+    return KernelMap(sites=sites, output_of=output_of, interior_of=interior_of)

@@ -79,6 +79,26 @@ class Results:
             raise ProbeError(f"node {index} ({node.name}) has {len(node.out_shapes)} output(s), not output {output}")
         return self._node_output(int(index), output)
 
+    def first_nonfinite(self) -> str | None:
+        """Name of the first value, in model order, holding NaN or Inf (None if there is none).
+
+        Needs no reference: where a NaN first appears is where to look.  Values the run cannot
+        serve (not captured, dead code) are skipped.
+        """
+        from .errors import ProbeError
+        from .sources import Kind
+
+        for value in self.sources_map:
+            if value.kind is not Kind.VALUE:
+                continue
+            try:
+                array = self._value(value.key)
+            except ProbeError:
+                continue
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                return value.display_name
+        return None
+
     def served(self, name: str) -> str:
         """How the value of ``name`` is obtained: captured, view, recomputed, constant, ..."""
         value = self.sources_map[self.resolve(name)]

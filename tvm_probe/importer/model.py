@@ -37,8 +37,7 @@ class ImportedModel:
             which is what the kernel map relies on.
         constants: values known without running (weights, import-time folded values).
         inputs: what :meth:`Probe.run` must be fed, in the order of ``main``'s parameters.
-        plain_mod: a second import of the same model with TVM's own importer, untouched (used
-            to prove the probe builds what a plain ``tvm.compile`` builds).
+        model_hash: identifies the source model (stored in dumps).
     """
 
     mod: Any
