@@ -19,6 +19,10 @@ def test_shipped_configs_are_valid():
     for name in ("demo.yaml", "bert-base.yaml", "example.yaml"):
         cfg = load_config(root / name)
         assert cfg.model.demo is not None and cfg.reference.runtime == "onnxruntime"
+    torch_cfg = load_config(root / "torch-bert.yaml")
+    assert torch_cfg.model.torch.endswith("tests/torch_models.py:tiny_torch_bert")
+    assert torch_cfg.reference.runtime == "torch"
+    assert load_config(root / "split-demo.yaml").split.cuts == ("layer_._3/output/LayerNorm",)
     example = load_config(root / "example.yaml")
     assert [i.name for i in example.inputs] == ["input_ids", "attention_mask"]
     assert example.reference.tolerance_for(["a/b/Softmax"]).atol == 1e-5
