@@ -146,3 +146,18 @@ def test_not_a_dump_folder(tmp_path):
         load_dump(tmp_path / "nope")
     with pytest.raises(CorruptDumpError, match=f"'{MANIFEST}' is missing"):
         load_dump(tmp_path)
+
+
+def test_dump_without_recomputed_values_says_so(bert_probe, tmp_path):
+    from tvm_probe import NotCapturedError
+
+    bert_probe.dump(tmp_path / "lean", recomputed=False)
+    reader = load_dump(tmp_path / "lean")
+    name = "layer_._0/attention/self/query/MatMul"
+    if bert_probe.served(name) != "recomputed":
+        np.testing.assert_array_equal(reader.get(name), bert_probe.get(name))
+        return
+    with pytest.raises(NotCapturedError, match="written without recomputed values: dump with recomputed=True"):
+        reader.get(name)
+    np.testing.assert_array_equal(reader.get("layer_._0/attention/self/Softmax"),
+                                  bert_probe.get("layer_._0/attention/self/Softmax"))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -24,6 +25,17 @@ from .sources import Kind, Served
 log = logging.getLogger(__name__)
 
 CaptureSpec = Union[str, Sequence[str], None]
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    """Options of :meth:`Probe.dump` and of ``Probe.run(..., stream_to=...)`` (see dump)."""
+
+    overwrite: bool = False
+    include_weights: bool = False
+    recomputed: bool = True
+    timings: bool = True
+    metadata: dict | None = None
 
 
 class Probe(Results):
@@ -160,9 +172,8 @@ class Probe(Results):
 
     # -- running ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
-            capture: CaptureSpec = "all", stream_to=None, overwrite: bool = False,
-            include_weights: bool = False, metadata: dict | None = None,
-            allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
+            capture: CaptureSpec = "all", stream_to=None, allow_nonfinite: bool = False,
+            **dump_options) -> dict[str, np.ndarray]:
         """Run the deployed executable once and capture intermediate values.
 
         Args:
@@ -173,10 +184,11 @@ class Probe(Results):
             stream_to: a dump folder: each copied tensor is written there as soon as the
                 kernel produced it, so peak memory stays near the model's own; the dump is
                 complete (same format as :meth:`dump`) when ``run`` returns, and later
-                ``get`` calls read from it.  ``overwrite``, ``include_weights`` and
-                ``metadata`` are as for :meth:`dump`.
+                ``get`` calls read from it.
             allow_nonfinite: accept inputs holding NaN or Inf (refused by default: usually a
                 data bug; allow them to trace how they propagate).
+            dump_options: with ``stream_to``, the options of :meth:`dump` (``overwrite``,
+                ``include_weights``, ``recomputed``, ``timings``, ``metadata``).
 
         Returns:
             The model outputs, by output tensor name.
@@ -185,7 +197,9 @@ class Probe(Results):
         plan, wanted = self._plan(capture)
         self._wanted = wanted
         if stream_to is not None:
-            self._run_streaming(arrays, plan, stream_to, overwrite, include_weights, metadata)
+            self._run_streaming(arrays, plan, Path(stream_to), DumpOptions(**dump_options))
+        elif dump_options:
+            raise TypeError(f"run() got dump options {sorted(dump_options)} without stream_to")
         else:
             self._accept(self._executor.run(arrays, plan))
         return dict(zip(self.imported.sources.model_outputs, self._capture.result))
@@ -331,37 +345,40 @@ class Probe(Results):
         return self._site_output(index - self.num_input_nodes, output, node.name)
 
     # -- dumps --------------------------------------------------------------------------------
-    def dump(self, path, overwrite: bool = False, include_weights: bool = False,
-             metadata: dict | None = None, timings: bool = True) -> Path:
+    def dump(self, path, **options) -> Path:
         """Write the last run to ``path`` in the legacy TVM debug-executor layout.
 
-        The folder is written under a temporary name and renamed when complete; an existing
-        folder is replaced only with ``overwrite=True``.  Weights are left out unless
-        ``include_weights``.  ``metadata`` (JSON-friendly) is stored with the dump, e.g. where
-        the model came from.  ``timings=False`` leaves out the per-kernel times (the one part of
-        a dump that differs between runs: without it, the same model, inputs and pipeline give
-        bit-identical dumps).  Read it back with :func:`tvm_probe.load_dump` (no TVM needed).
-        To write a dump while the model runs, without holding its tensors in memory, use
-        ``run(..., stream_to=path)`` instead.
+        The folder is written under a temporary name and renamed when complete.  Read it back
+        with :func:`tvm_probe.load_dump` (no TVM needed).  To write a dump while the model runs,
+        without holding its tensors in memory, use ``run(..., stream_to=path)`` instead.
+
+        Args:
+            overwrite: replace an existing folder (refused by default).
+            include_weights: store the weights too (left out by default: they are the model's).
+            recomputed: store the values kept inside fused kernels (default True), recomputing
+                them now; without them a dump holds what the run itself produced.
+            timings: store per-kernel times (default True); they are the one part of a dump
+                that differs between runs of the same model, inputs and pipeline.
+            metadata: JSON-friendly data to keep with the dump (e.g. where the model came from).
         """
         from .store.dump import write_dump
 
+        opts = DumpOptions(**options)
         capture = self._require_run()
         outputs = {i: [a] for i, a in enumerate(capture.inputs)}
         outputs.update({self.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
-        keys = self._dump_value_keys(include_weights)
-        content = self._dump_content(outputs, dict(self._dump_values(keys)), metadata, timings=timings)
-        return write_dump(Path(path), content, overwrite=overwrite)
+        keys = self._dump_value_keys(opts)
+        content = self._dump_content(outputs, dict(self._dump_values(keys)), opts)
+        return write_dump(Path(path), content, overwrite=opts.overwrite)
 
-    def _run_streaming(self, arrays, plan: CapturePlan, path, overwrite: bool, include_weights: bool,
-                       metadata: dict | None) -> None:
+    def _run_streaming(self, arrays, plan: CapturePlan, path: Path, opts: "DumpOptions") -> None:
         """One run whose copies go straight into a dump at ``path`` (see :meth:`run`)."""
         from .store.dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
 
         n_in = self.num_input_nodes
         counts = {i: 1 for i in range(n_in)}
         counts.update({n_in + s.index: s.num_outputs for s in self.kernel_map.sites if plan.wants_output(s.index)})
-        with DumpWriter(Path(path), self._device_label(), overwrite) as writer:
+        with DumpWriter(path, self._device_label(), opts.overwrite) as writer:
             writer.open_tensors(node_tensor_names(self.node_infos, counts))
             for i, array in enumerate(arrays):
                 writer.write_tensor(tensor_key(self.node_infos[i].name, i, 0), array)
@@ -374,12 +391,11 @@ class Probe(Results):
             capture = self._executor.run(arrays, plan, sink=sink)
             capture.outputs = StreamedOutputs(writer.close_tensors(), self.node_infos, n_in)
             self._accept(capture)
-            keys = self._dump_value_keys(include_weights)
-            writer.finish(self._dump_content({}, {}, metadata, value_keys=keys),
-                          self._dump_values(keys, cache=False))
+            keys = self._dump_value_keys(opts)
+            writer.finish(self._dump_content({}, {}, opts, value_keys=keys), self._dump_values(keys, cache=False))
             writer.commit()
 
-    def _dump_content(self, outputs, values, metadata, value_keys=None, timings: bool = True):
+    def _dump_content(self, outputs, values, opts: "DumpOptions", value_keys=None):
         from .store.dump import DumpContent
 
         capture = self._require_run()
@@ -387,16 +403,19 @@ class Probe(Results):
             sources=self.imported.sources, nodes=self.node_infos, node_outputs=outputs, values=values,
             device=self._device_label(), model_hash=self.imported.model_hash,
             target=str(self.built.target), pipeline=self.built.pipeline,
-            total_us=capture.total_us if timings else None, timings=timings,
-            metadata=dict(metadata or {}), value_keys=list(value_keys if value_keys is not None else values))
+            total_us=capture.total_us if opts.timings else None, timings=opts.timings,
+            metadata=dict(opts.metadata or {}),
+            value_keys=list(value_keys if value_keys is not None else values))
 
-    def _dump_value_keys(self, include_weights: bool) -> list[str]:
+    def _dump_value_keys(self, opts: "DumpOptions") -> list[str]:
         """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
         keys = []
         for value in self.imported.sources:
             if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE):
                 continue  # node outputs are stored once, as such
-            if value.kind is Kind.PARAM and not include_weights:
+            if value.kind is Kind.PARAM and not opts.include_weights:
+                continue
+            if value.served is Served.RECOMPUTED and not opts.recomputed:
                 continue
             if value.served in (Served.RECOMPUTED, Served.FOLDED) and self._wanted is not None \
                     and value.key not in self._wanted:

@@ -409,6 +409,11 @@ class DumpReader(Results):
                     f"{node.out_dtypes[j]}{list(node.out_shapes[j])}")
             self._node_tensors[(i, j)] = array
 
+    def _capture_limited(self, value) -> bool:
+        """True when the run did not capture the inputs of the kernel holding ``value``."""
+        node = self.node_infos[value.node_index]
+        return any((i, k) not in self._node_tensors for i, k in node.inputs)
+
     @property
     def inputs(self) -> dict[str, np.ndarray]:
         """The inputs of the dumped run, by name."""
@@ -434,6 +439,9 @@ class DumpReader(Results):
                                    "dump with include_weights=True")
         if value.served is Served.UNAVAILABLE:
             raise NotCapturedError(f"{value.display_name!r} is never computed by the compiled module")
+        if value.served is Served.RECOMPUTED and not self._capture_limited(value):
+            raise NotCapturedError(f"{value.display_name!r} is kept inside a fused kernel and this dump was "
+                                   "written without recomputed values: dump with recomputed=True")
         raise NotCapturedError(f"{value.display_name!r} is not in this dump: the run captured only some values")
 
 
