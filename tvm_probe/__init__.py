@@ -1,8 +1,9 @@
 """tvm_probe: read any intermediate tensor of a TVM-compiled model by its source name.
 
     from tvm_probe import Probe, demo
-    probe = Probe.from_onnx(demo.tiny_bert(), target="llvm", pipeline="fused")
-    probe.run(demo.demo_inputs(probe_model))
+    model = demo.tiny_bert()
+    probe = Probe.from_onnx(model, target="llvm", pipeline="fused")
+    probe.run(demo.demo_inputs(model))
     probe.get("layer_._0/attention/self/MatMul")
 
 Importing this package imports neither TVM nor onnx; reading a dump needs numpy alone.
