@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from .build import device_for
+from .build import device_for, native_log_to_logging
 from .errors import ProbeError, one_line
 from .kernel_map import CallSite
 
@@ -70,7 +70,8 @@ class Recomputer:
         for gvar, f in group.prim_funcs.items():
             mod[gvar] = f
         try:
-            ex = tvm.compile(mod, self._target)
+            with native_log_to_logging():
+                ex = tvm.compile(mod, self._target)
         except Exception as err:
             raise ProbeError(f"cannot recompute values inside kernel {group.name}: {one_line(err)}") from None
         return relax.VirtualMachine(ex, device_for(self._target)), tensors
@@ -117,7 +118,8 @@ def evaluate_folded(module, var, target) -> np.ndarray:
         if not isinstance(func, relax.Function):  # the legalized PrimFuncs the slice calls
             mod[gvar] = func
     try:
-        ex = tvm.compile(mod, target)
+        with native_log_to_logging():
+            ex = tvm.compile(mod, target)
     except Exception as err:
         raise ProbeError(f"cannot re-evaluate a folded constant: {one_line(err)}") from None
     vm = relax.VirtualMachine(ex, device_for(target))
