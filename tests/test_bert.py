@@ -147,3 +147,15 @@ def test_selective_capture_copies_only_what_is_needed(fused_bert_probe, bert_inp
     probe.run(bert_inputs, capture=None)
     assert probe._capture.outputs == {}
     assert probe.nodes["time_us"].notna().sum() == len(probe.kernel_map.sites)
+
+
+def test_cut_modules_are_compiled_once_per_grouped_function(fused_bert_probe, bert_inputs):
+    probe = fused_bert_probe
+    probe.run(bert_inputs)
+    layer0 = probe.get("layer_._0/attention/self/query/MatMul")
+    cuts = dict(probe._recomputer._cuts)
+    assert cuts
+    probe.get("layer_._1/attention/self/query/MatMul")  # another call site of the same kernel
+    probe.run(bert_inputs)
+    np.testing.assert_array_equal(probe.get("layer_._0/attention/self/query/MatMul"), layer0)
+    assert probe._recomputer._cuts == cuts and all(probe._recomputer._cuts[k] is cuts[k] for k in cuts)
