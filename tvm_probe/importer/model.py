@@ -1,8 +1,9 @@
 """What every importer hands to the compile stage."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,12 +38,40 @@ class ImportedModel:
             which is what the kernel map relies on.
         constants: values known without running (weights, import-time folded values).
         inputs: what :meth:`Probe.run` must be fed, in the order of ``main``'s parameters.
-        model_hash: identifies the source model (stored in dumps).
+        hash_model: computes a string identifying the source model (stored in dumps); called
+            once, when first needed, because hashing hundreds of MB of weights is not free.
     """
 
     mod: Any
     sources: SourceMap
     var_keys: dict = field(default_factory=dict)
-    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     inputs: list[InputSpec] = field(default_factory=list)
-    model_hash: str = ""
+    hash_model: Callable[[], str] = lambda: ""
+
+    @property
+    def model_hash(self) -> str:
+        if not hasattr(self, "_hash"):
+            self._hash = self.hash_model()
+        return self._hash
+
+
+class LazyArrays(Mapping):
+    """``name → numpy array``, converting each value on first access (weights: no copy up front)."""
+
+    def __init__(self, convert: Callable[[Any], np.ndarray], sources: dict[str, Any]):
+        self._convert, self._sources, self._done = convert, sources, {}
+
+    def __setitem__(self, name: str, array: np.ndarray) -> None:
+        self._done[name] = array
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._done:
+            self._done[name] = self._convert(self._sources[name])
+        return self._done[name]
+
+    def __iter__(self):
+        return iter({**self._sources, **self._done})
+
+    def __len__(self) -> int:
+        return len({**self._sources, **self._done})

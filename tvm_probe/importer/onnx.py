@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
-from .model import ImportedModel, InputSpec
+from .model import ImportedModel, InputSpec, LazyArrays
 from .module_paths import module_output_aliases
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
@@ -182,22 +182,21 @@ def _tensor_info(expr) -> tuple[tuple[int, ...] | None, str | None]:
 
 def _collect(proto, mod, importer) -> ImportedModel:
     """Turn the importer's record into a SourceMap, var tags and constants."""
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
     from tvm import relax
 
     graph = proto.graph
     record = importer._nodes.history
     sources = SourceMap()
-    constants: dict[str, np.ndarray] = {}
     var_keys: dict = {}
     params = list(mod["main"].params)
 
     initializers = {t.name: t for t in graph.initializer}
+    constants = LazyArrays(numpy_helper.to_array, initializers)
     for name, tensor in initializers.items():
-        value = numpy_helper.to_array(tensor)
-        constants[name] = value
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         sources.add(SourceValue(key=name, op_type="Initializer", kind=Kind.PARAM,
-                                shape=value.shape, dtype=str(value.dtype)))
+                                shape=tuple(int(d) for d in tensor.dims), dtype=str(dtype)))
     inputs = []
     for vi in graph.input:
         if vi.name in initializers:
@@ -245,7 +244,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
     order = {p: i for i, p in enumerate(params)}
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
-                         inputs=inputs, model_hash=model_hash(proto))
+                         inputs=inputs, hash_model=lambda: model_hash(proto))
 
 
 def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]:

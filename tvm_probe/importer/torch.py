@@ -230,7 +230,7 @@ def _collect(program, mod, env) -> ImportedModel:
     out.sources.model_inputs = [s.name for s in out.inputs]
     out.sources.model_outputs = [keys[n] for n in _user_outputs(program) if n in keys]
     return ImportedModel(mod=mod, sources=out.sources, var_keys=out.var_keys, constants=out.constants,
-                         inputs=out.inputs, model_hash=model_hash(program, weights))
+                         inputs=out.inputs, hash_model=lambda: model_hash(program, weights))
 
 
 def _follow_tuple_fields(mod, var_keys: dict) -> None:
