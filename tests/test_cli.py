@@ -116,3 +116,13 @@ def test_split_config_writes_the_plan_and_verifies_the_chain(tmp_path):
     assert "tf_bert_for_sequence_classification/bert/Mul:0" in set(plan["tensor"])
     missing = cli("split", CONFIGS / "demo.yaml")
     assert missing.returncode == 2 and "split: missing" in missing.stderr
+
+
+def test_compare_refuses_a_different_model(demo_run, tmp_path):
+    _, out = demo_run
+    other = tmp_path / "other.onnx"
+    onnx.save(demo.tiny_bert(seed=1), other)
+    proc = cli("compare", out / "dump", "--model", other)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("tvm-probe: error: the model differs from the one the dump was made with "
+                                   "(hash mismatch): give the original with --model PATH")

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from .build import device_for, native_log_to_logging
-from .errors import ProbeError, one_line
+from .errors import ProbeError, TVMBehaviourChanged, one_line
 from .kernel_map import CallSite
 
 
@@ -36,8 +36,11 @@ class Recomputer:
         for i, pos in enumerate(group.param_args):
             if pos is not None:
                 feed.append(site_inputs[pos])
-            else:
+            elif i in group.param_consts:
                 feed.append(group.param_consts[i].value.numpy())
+            else:  # FuseTIR fed this parameter from something the call site does not pass
+                raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
+                                          "matches no argument of the compiled call")
         import tvm
 
         dev = device_for(self._target)

@@ -55,8 +55,24 @@ def load_onnx(model: ModelLike):
 
 
 def model_hash(proto) -> str:
-    """sha256 of the serialized model, to tie dumps to the model they came from."""
-    return hashlib.sha256(proto.SerializeToString()).hexdigest()
+    """sha256 over the model's graph and weights, to tie dumps to the model they came from.
+
+    Fed piece by piece (each node, each weight) rather than from one serialization of the whole
+    model, which for a BERT-base would briefly double its 440 MB in memory.
+    """
+    digest = hashlib.sha256()
+    graph = proto.graph
+    for opset in proto.opset_import:
+        digest.update(opset.SerializeToString())
+    for part in (*graph.input, *graph.output, *graph.node):
+        digest.update(part.SerializeToString())
+    for tensor in graph.initializer:
+        if tensor.data_location == 1:  # EXTERNAL: hash where the data lives, not the file
+            digest.update(tensor.SerializeToString())
+            continue
+        digest.update(f"{tensor.name}|{tensor.data_type}|{list(tensor.dims)}".encode())
+        digest.update(tensor.raw_data if tensor.HasField("raw_data") else tensor.SerializeToString())
+    return digest.hexdigest()
 
 
 def import_onnx(model: ModelLike, shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
