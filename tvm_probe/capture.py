@@ -78,11 +78,6 @@ class DebugExecutor:
 
         return [tvm.runtime.tensor(a, self._device) for a in arrays]
 
-    def run_plain(self, device_inputs):
-        """One run with no instrument (what the deployed module does)."""
-        self.vm.set_instrument(_continue)
-        return self.vm["main"](*device_inputs)
-
     def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None) -> Capture:
         """Run once with the instrument; return what ``plan`` asked to copy.
 

@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 from .errors import ProbeError, one_line
+from .investigate import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OK
 
-EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERNAL = 3
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,6 +16,7 @@ from .config import Config, ConfigError
 from .errors import NameLookupError
 from .progress import Progress
 
+# Exit statuses of `tvm-probe` (the CLI adds 3 for internal errors).
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
