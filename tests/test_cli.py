@@ -126,3 +126,11 @@ def test_compare_refuses_a_different_model(demo_run, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("tvm-probe: error: the model differs from the one the dump was made with "
                                    "(hash mismatch): give the original with --model PATH")
+
+
+def test_split_balance_proposes_and_verifies(tmp_path):
+    proc = cli("split", CONFIGS / "split-demo.yaml", "--set", "split={balance: 1}",
+               "--set", f"output.report={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "proposed cuts after tf_bert_for_sequence_classification/bert/encoder/layer_._" in proc.stdout
+    assert "chained stages match the whole model" in proc.stdout

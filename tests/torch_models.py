@@ -42,15 +42,22 @@ class BertSelfAttention(nn.Module):
         return context.view(context.shape[0], context.shape[1], -1)
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, hidden: int):
+class BertOutput(nn.Module):
+    """dense → dropout → + residual → LayerNorm (HF uses it after attention and after the MLP)."""
+
+    def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.dense = nn.Linear(hidden, hidden)
+        self.dense = nn.Linear(intermediate, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
         self.dropout = nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertSelfOutput(BertOutput):
+    def __init__(self, hidden: int):
+        super().__init__(hidden, hidden)
 
 
 class BertAttention(nn.Module):
@@ -71,17 +78,6 @@ class BertIntermediate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(x))
-
-
-class BertOutput(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.dense = nn.Linear(intermediate, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
-        self.dropout = nn.Dropout(0.1)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
 
 class BertLayer(nn.Module):

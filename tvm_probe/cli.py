@@ -100,7 +100,8 @@ def _cmd_split(args, progress) -> int:
     cuts = list(config.split.cuts)
     if config.split.balance:
         with progress.stage("balance"):
-            cuts, evenness = balance(model, config.split.balance, inputs, config.target, config.pipeline)
+            cuts, evenness = balance(model, config.split.balance, inputs, config.target, config.pipeline,
+                                     probe=probe)
         print(f"proposed cuts after {', '.join(cuts)} (slowest stage / mean = {evenness:.2f})")
     with progress.stage(f"split into {len(cuts) + 1} stages"):
         plan = split(model, cuts, config.target, config.pipeline, dict(config.model.shapes))

@@ -195,18 +195,20 @@ class Probe(Results):
         """
         arrays = self._check_inputs(inputs, allow_nonfinite)
         plan, wanted = self._plan(capture)
-        self._wanted = wanted
         if stream_to is not None:
-            self._run_streaming(arrays, plan, Path(stream_to), DumpOptions(**dump_options))
+            self._run_streaming(arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
         elif dump_options:
             raise TypeError(f"run() got dump options {sorted(dump_options)} without stream_to")
         else:
-            self._accept(self._executor.run(arrays, plan))
+            self._accept(self._executor.run(arrays, plan), wanted)
         return dict(zip(self.imported.sources.model_outputs, self._capture.result))
 
-    def _accept(self, capture: Capture) -> None:
-        """Make ``capture`` the run that values are served from."""
-        self._capture, self._values = capture, {}
+    def _accept(self, capture: Capture, wanted: set[str] | None) -> None:
+        """Make ``capture`` (which copied what ``wanted`` needs) the run values are served from.
+
+        Only a run that completed gets here: a failed one leaves the previous run in place.
+        """
+        self._capture, self._wanted, self._values = capture, wanted, {}
         for node in self.node_infos[self.num_input_nodes:]:
             site = node.index - self.num_input_nodes
             node.time_us = capture.time_us.get(site)
@@ -371,7 +373,7 @@ class Probe(Results):
         content = self._dump_content(outputs, dict(self._dump_values(keys)), opts)
         return write_dump(Path(path), content, overwrite=opts.overwrite)
 
-    def _run_streaming(self, arrays, plan: CapturePlan, path: Path, opts: "DumpOptions") -> None:
+    def _run_streaming(self, arrays, plan: CapturePlan, wanted, path: Path, opts: "DumpOptions") -> None:
         """One run whose copies go straight into a dump at ``path`` (see :meth:`run`)."""
         from .store.dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
 
@@ -390,7 +392,7 @@ class Probe(Results):
 
             capture = self._executor.run(arrays, plan, sink=sink)
             capture.outputs = StreamedOutputs(writer.close_tensors(), self.node_infos, n_in)
-            self._accept(capture)
+            self._accept(capture, wanted)
             keys = self._dump_value_keys(opts)
             writer.finish(self._dump_content({}, {}, opts, value_keys=keys), self._dump_values(keys, cache=False))
             writer.commit()

@@ -286,18 +286,19 @@ def node_times(probe) -> np.ndarray:
 
 
 def balance(model, n: int, inputs: Mapping[str, np.ndarray], target="llvm", pipeline="default",
-            runs: int = 3) -> tuple[list[str], float]:
+            runs: int = 3, probe=None) -> tuple[list[str], float]:
     """Propose ``n`` cuts at layer boundaries that even out measured stage time.
 
-    Times come from ``runs`` probe runs of the whole model (median per kernel).  Returns the
-    cuts (layer scopes) and the evenness: slowest stage time / mean stage time (1.0 is perfect).
+    Times come from ``runs`` probe runs of the whole model (median per kernel); pass ``probe``
+    (the whole model, already compiled) to skip compiling it again.  Returns the cuts (layer
+    scopes) and the evenness: slowest stage time / mean stage time (1.0 is perfect).
     """
     from .probe import Probe
 
     boundaries = layer_boundaries(model)
     if n < 1 or n >= len(boundaries) + 1:
         raise SplitError(f"cannot place {n} cuts: the model has {len(boundaries)} layer boundaries")
-    probe = Probe.from_onnx(model, target=target, pipeline=pipeline)
+    probe = probe or Probe.from_onnx(model, target=target, pipeline=pipeline)
     samples = []
     for _ in range(max(1, runs)):
         probe.run(inputs, capture=None)

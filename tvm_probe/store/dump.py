@@ -87,8 +87,9 @@ class DumpWriter:
     """Writes one dump into a temporary sibling folder; :meth:`commit` renames it into place.
 
     Node tensors go through :meth:`open_tensors` / :meth:`write_tensor` one at a time (so a run
-    can stream them to disk as they are produced); :meth:`finish` writes everything else.  Any
-    failure before :meth:`commit` leaves no trace: call :meth:`abort` (a ``with`` block does).
+    can stream them to disk as they are produced); :meth:`finish` writes everything else.  Use it
+    as a ``with`` block: any failure before :meth:`commit` leaves no trace, and a failed write
+    (a full disk, say) comes out as a one-line :class:`DumpError`.
     """
 
     def __init__(self, root: Path, device: str, overwrite: bool = False):
@@ -111,8 +112,11 @@ class DumpWriter:
         return self
 
     def __exit__(self, kind, err, tb):
-        if kind is not None:
-            self.abort()
+        if kind is None:
+            return False
+        self.abort()
+        if isinstance(err, OSError):
+            raise DumpError(f"cannot write dump to '{self.root}': {err.strerror or err}") from None
         return False
 
     def open_tensors(self, names: list[str]) -> None:
@@ -152,22 +156,18 @@ class DumpWriter:
     def commit(self) -> Path:
         """Move the finished dump into place; an old dump is removed only after that succeeded."""
         root, tmp = self.root, self.tmp
-        try:
-            if not root.exists():
-                os.rename(tmp, root)
-                return root
-            old = root.with_name(f".{root.name}.old-{os.getpid()}")
-            os.rename(root, old)
-            try:
-                os.rename(tmp, root)
-            except OSError:
-                os.rename(old, root)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
+        if not root.exists():
+            os.rename(tmp, root)
             return root
-        except OSError as err:
-            self.abort()
-            raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
+        old = root.with_name(f".{root.name}.old-{os.getpid()}")
+        os.rename(root, old)
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            os.rename(old, root)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return root
 
     def abort(self) -> None:
         """Remove the temporary folder (after a failure: the close may fail the same way)."""
@@ -216,15 +216,12 @@ def write_dump(root: Path, content: "DumpContent", overwrite: bool = False) -> P
     """Write ``content`` (node outputs in memory) to ``root`` atomically; return ``root``."""
     outputs = {i: len(outs) for i, outs in content.node_outputs.items()}
     with DumpWriter(root, content.device, overwrite) as writer:
-        try:
-            writer.open_tensors(node_tensor_names(content.nodes, outputs))
-            for i in sorted(outputs):
-                for j, array in enumerate(content.node_outputs[i]):
-                    writer.write_tensor(tensor_key(content.nodes[i].name, i, j), array)
-            writer.close_tensors()
-            writer.finish(content, content.values.items())
-        except OSError as err:
-            raise DumpError(f"cannot write dump to '{root}': {err.strerror or err}") from None
+        writer.open_tensors(node_tensor_names(content.nodes, outputs))
+        for i in sorted(outputs):
+            for j, array in enumerate(content.node_outputs[i]):
+                writer.write_tensor(tensor_key(content.nodes[i].name, i, j), array)
+        writer.close_tensors()
+        writer.finish(content, content.values.items())
         return writer.commit()
 
 
