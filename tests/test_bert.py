@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tvm_probe import AmbiguousNameError, NotCapturedError, UnknownNameError
+from tvm_probe.kernel_map import ArgKind
 from tvm_probe.sources import Kind
 
 from conftest import SERVED_COUNTS
@@ -139,8 +140,8 @@ def test_selective_capture_copies_only_what_is_needed(fused_bert_probe, bert_inp
     wanted = "layer_._1/attention/self/query/MatMul"  # fused away: needs its kernel's inputs
     probe.run(bert_inputs, capture=[wanted])
     np.testing.assert_allclose(probe.get(wanted), bert_reference[probe.resolve(wanted)], atol=ATOL)
-    site = probe.kernel_map.sites[probe.kernel_map.interior_of[probe.resolve(wanted)]]
-    producers = {a.node for a in site.args if a.kind == "node"}
+    site = probe.kernel_map.sites[probe.kernel_map.site_of(probe.resolve(wanted))]
+    producers = {a.node for a in site.args if a.kind is ArgKind.NODE}
     assert set(probe._capture.outputs) == producers
     with pytest.raises(NotCapturedError, match="not captured by the last run"):
         probe.get("layer_._0/attention/self/Softmax")

@@ -45,7 +45,7 @@ def test_folded_identity_and_dead_values_are_served_honestly():
             assert probe.served(key) == served, (pipeline, key)
         for key in ("Wt", "Wr", "y", "xi", "xi2", "z"):
             np.testing.assert_allclose(probe.get(key), ref[key], atol=1e-5, err_msg=f"{pipeline} {key}")
-        with pytest.raises(ValueUnavailableError, match="'dead' is never computed.*dead code"):
+        with pytest.raises(ValueUnavailableError, match="'dead' is dead code: no output of the source model depends on it"):
             probe.get("dead")
 
 

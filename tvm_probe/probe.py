@@ -17,8 +17,8 @@ from .build import BuiltModel, PipelineLike, compile_with_snapshots
 from .capture import Capture, CapturePlan, DebugExecutor
 from .errors import InputError, NotCapturedError, NotRunError, ValueUnavailableError
 from .importer import ImportedModel, InputSpec
-from .kernel_map import KernelMap, build_kernel_map
-from .recompute import Recomputer, depends_on_params, evaluate_folded
+from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
+from .recompute import Recomputer, evaluate_folded
 from .results import NodeInfo, Results
 from .sources import Kind, Served
 
@@ -54,12 +54,7 @@ class Probe(Results):
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._folded: dict[str, np.ndarray] = {}
-        self._var_of = {}
-        for var, keys in imported.var_keys.items():
-            for key in keys:
-                self._var_of.setdefault(key, var)
-        self._input_alias: dict[str, int] = {}
-        self._classify()
+        classify(imported.sources, kernel_map, self.num_input_nodes)
         self._init_results(imported.sources, self._static_nodes())
 
     # -- construction -------------------------------------------------------------------------
@@ -110,6 +105,27 @@ class Probe(Results):
         return self._capture.total_us if self._capture is not None else None
 
     @property
+    def last_inputs(self) -> list[np.ndarray]:
+        """The inputs of the last :meth:`run`, in :attr:`inputs` order."""
+        return self._require_run().inputs
+
+    def verify(self, inputs) -> "Verification":
+        """Check every value this probe serves against an independent, unfused evaluation.
+
+        Runs the model on ``inputs`` (capturing everything), builds the imported module again
+        without FoldConstant and FuseOps and compares each served value with the one that build
+        computes.  A mismatch is a tvm_probe problem (please report it), not a TVM divergence.
+        Costs about one extra compile and one unfused run.
+
+        Returns:
+            A :class:`~tvm_probe.verify.Verification`, truthy when nothing disagreed;
+            ``.summary()`` is one line.
+        """
+        from .verify import verify
+
+        return verify(self, inputs)
+
+    @property
     def pipeline(self) -> str:
         return self.built.pipeline
 
@@ -117,55 +133,18 @@ class Probe(Results):
     def num_input_nodes(self) -> int:
         return len(self.imported.inputs)
 
-    def _classify(self) -> None:
-        """Decide how each source value is served (see :class:`~tvm_probe.sources.Served`)."""
-        km, main = self.kernel_map, self.imported.mod["main"]
-        params = list(main.params)
-        n_in = self.num_input_nodes
-        for value in self.imported.sources:
-            key = value.key
-            if value.kind is Kind.INPUT:
-                value.served, value.node_index = Served.INPUT, self._input_index(key)
-            elif value.kind in (Kind.PARAM, Kind.CONSTANT):
-                value.served = Served.CONSTANT
-            elif key in km.output_of:
-                site, _ = km.output_of[key]
-                value.served = Served.VIEW if km.sites[site].is_view else Served.CAPTURED
-                value.node_index = n_in + site
-            elif key in km.interior_of:
-                value.served, value.node_index = Served.RECOMPUTED, n_in + km.interior_of[key]
-            elif self._var_of.get(key) in params:
-                self._input_alias[key] = params.index(self._var_of[key])
-                value.served, value.node_index = Served.INPUT, self._input_alias[key]
-            elif key in self._var_of and self._folded_by_pipeline(self._var_of[key]):
-                value.served = Served.FOLDED
-            else:
-                value.served = Served.UNAVAILABLE
-
-    def _folded_by_pipeline(self, var) -> bool:
-        """True when FoldConstant removed ``var``: it needs no model input once legalized.
-
-        Judged on the legalized module (not the imported one): ``full_like(x, 0)`` reads ``x``
-        before legalization and only its static shape after.
-        """
-        before = self.built.snapshots.pre_fold
-        return before is not None and not depends_on_params(before["main"], var)
-
-    def _input_index(self, key: str) -> int:
-        return [s.name for s in self.imported.inputs].index(key)
-
     def _static_nodes(self) -> list[NodeInfo]:
         n_in = self.num_input_nodes
         nodes = [NodeInfo(index=i, name=s.name, op="null", out_shapes=[s.shape], out_dtypes=[s.dtype],
                           output_keys=[[s.name]]) for i, s in enumerate(self.imported.inputs)]
         for site in self.kernel_map.sites:
-            inputs = [(n_in + a.node, a.output) if a.kind == "node" else (a.input_index, 0)
-                      for a in site.args if a.kind in ("node", "input")]
+            inputs = [(n_in + a.node, a.output) if a.kind is ArgKind.NODE else (a.input_index, 0)
+                      for a in site.args if a.kind in (ArgKind.NODE, ArgKind.INPUT)]
             name = site.symbol if site.occurrence == 0 else f"{site.symbol}_{site.occurrence}"
             nodes.append(NodeInfo(
                 index=n_in + site.index, name=name, op="tvm_op", symbol=site.symbol,
                 occurrence=site.occurrence, is_view=site.is_view, inputs=inputs,
-                const_inputs=sum(a.kind == "const" for a in site.args),
+                const_inputs=sum(a.kind is ArgKind.CONST for a in site.args),
                 out_shapes=list(site.out_shapes), out_dtypes=list(site.out_dtypes),
                 output_keys=[list(k) for k in site.output_keys], interior_keys=list(site.interior_keys)))
         return nodes
@@ -259,7 +238,7 @@ class Probe(Results):
     def _plan(self, capture: CaptureSpec) -> tuple[CapturePlan, set[str] | None]:
         km = self.kernel_map
         untracked_all = frozenset(s.index for s in km.sites
-                                  if s.group and any(a.kind == "untracked" for a in s.args))
+                                  if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
         if capture == "all":
             return CapturePlan(outputs=None, untracked_inputs=untracked_all), None
         if capture is None:
@@ -268,11 +247,14 @@ class Probe(Results):
         wanted = {k for p in patterns for k in self._names.match(p)}
         outputs, untracked = set(), set()
         for key in wanted:
-            if key in km.output_of:
-                outputs.add(km.output_of[key][0])
-            elif key in km.interior_of:
-                site = km.sites[km.interior_of[key]]
-                outputs |= {a.node for a in site.args if a.kind == "node"}
+            place = km.places.get(key)
+            if place is None:
+                continue
+            if place.kind is PlaceKind.OUTPUT:
+                outputs.add(place.site)
+            elif place.kind is PlaceKind.INTERIOR:
+                site = km.sites[place.site]
+                outputs |= {a.node for a in site.args if a.kind is ArgKind.NODE}
                 if site.index in untracked_all:
                     untracked.add(site.index)
         return CapturePlan(outputs=frozenset(outputs), untracked_inputs=frozenset(untracked)), wanted
@@ -287,31 +269,37 @@ class Probe(Results):
         capture = self._require_run()
         value = self.imported.sources[key]
         served = value.served
+        place = self.kernel_map.places.get(key)
         if served is Served.INPUT:
-            index = self._input_alias.get(key, value.node_index)
-            return capture.inputs[index]
+            return capture.inputs[value.node_index]
         if served is Served.CONSTANT:
             return self.imported.constants[key]
         if served is Served.FOLDED:
             if key not in self._folded:
-                self._folded[key] = evaluate_folded(self.built.snapshots.pre_fold, self._var_of[key],
-                                                    self.built.target)
+                self._folded[key] = (place.const.value.numpy() if place.kind is PlaceKind.CONSTANT else
+                                     evaluate_folded(self.built.snapshots.pre_fold, place.var, self.built.target))
             return self._folded[key]
         if served in (Served.CAPTURED, Served.VIEW):
-            site, k = self.kernel_map.output_of[key]
-            return self._site_output(site, k, value.display_name)
+            return self._site_output(place.site, place.output, value.display_name)
         if served is Served.RECOMPUTED:
             if key not in self._values:
-                self._values.update(self._recompute(self.kernel_map.sites[self.kernel_map.interior_of[key]], key))
+                self._values.update(self._recompute(self.kernel_map.sites[place.site], key))
             return self._values[key]
+        if served is Served.UNKNOWN:
+            raise ValueUnavailableError(
+                f"tvm_probe cannot tell where the compiled module holds {value.display_name!r} "
+                f"({self.kernel_map.lost.get(key, 'no place found')}); rather than guess, it serves "
+                "nothing: please report this with the model")
         raise ValueUnavailableError(
-            f"{value.display_name!r} is never computed by the compiled module: no model output "
-            "depends on it, so TVM dropped it as dead code")
+            f"{value.display_name!r} is dead code: no output of the source model depends on it, "
+            "so the compiled module never computes it")
 
     def _recompute(self, site, key: str) -> dict[str, np.ndarray]:
-        """Every interior value of ``site``, from the inputs it received in the last run."""
+        """Every source value ``site`` keeps inside, from the inputs it received in the last run."""
         inputs = self._site_inputs(site, self.imported.sources[key].display_name)
-        return self._recomputer.interior_values(site, inputs)
+        tensors = self._recomputer.interior_values(site, inputs)
+        places = self.kernel_map.places
+        return {k: tensors[places[k].inner] for k in site.interior_keys}
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
         outs = self._require_run().outputs.get(site)
@@ -325,11 +313,11 @@ class Probe(Results):
         capture = self._require_run()
         values = []
         for j, arg in enumerate(site.args):
-            if arg.kind == "node":
+            if arg.kind is ArgKind.NODE:
                 values.append(self._site_output(arg.node, arg.output, why))
-            elif arg.kind == "input":
+            elif arg.kind is ArgKind.INPUT:
                 values.append(capture.inputs[arg.input_index])
-            elif arg.kind == "const":
+            elif arg.kind is ArgKind.CONST:
                 values.append(arg.const.value.numpy())
             else:
                 held = capture.untracked_inputs.get(site.index, {})
@@ -413,8 +401,8 @@ class Probe(Results):
         """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
         keys = []
         for value in self.imported.sources:
-            if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE):
-                continue  # node outputs are stored once, as such
+            if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN):
+                continue  # node outputs are stored once, as such; nothing to store for the rest
             if value.kind is Kind.PARAM and not opts.include_weights:
                 continue
             if value.served is Served.RECOMPUTED and not opts.recomputed:
@@ -423,11 +411,12 @@ class Probe(Results):
                     and value.key not in self._wanted:
                 continue
             if value.served is Served.RECOMPUTED and not self._site_inputs_captured(
-                    self.kernel_map.sites[self.kernel_map.interior_of[value.key]]):
+                    self.kernel_map.sites[self.kernel_map.site_of(value.key)]):
                 continue
             keys.append(value.key)
-        site_of = self.kernel_map.interior_of
-        return sorted(keys, key=lambda k: site_of.get(k, -1))
+        sources = self.imported.sources
+        return sorted(keys, key=lambda k: self.kernel_map.site_of(k)
+                      if sources[k].served is Served.RECOMPUTED else -1)
 
     def _dump_values(self, keys, cache: bool = True):
         """``(key, value)`` in ``keys`` order, recomputing one fused site at a time.
@@ -440,7 +429,7 @@ class Probe(Results):
             if cache or not recomputed:
                 yield key, self._value(key)
                 continue
-            site = self.kernel_map.interior_of[key]
+            site = self.kernel_map.site_of(key)
             if site != current:
                 current, held = site, self._recompute(self.kernel_map.sites[site], key)
             yield key, held[key]
@@ -448,7 +437,7 @@ class Probe(Results):
     def _site_inputs_captured(self, site) -> bool:
         capture = self._require_run()
         held = capture.untracked_inputs.get(site.index, {})
-        return all(a.node in capture.outputs if a.kind == "node" else (a.kind != "untracked" or j in held)
+        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
                    for j, a in enumerate(site.args))
 
     def _device_label(self) -> str:

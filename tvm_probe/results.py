@@ -66,6 +66,18 @@ class Results:
         """The value of the source tensor ``name`` (node name, ``node:k``, tensor name or suffix)."""
         return self._value(self.resolve(name))
 
+    def get_tensor(self, key: str) -> np.ndarray:
+        """The value whose tensor name (the ``tensor`` column of :attr:`sources`) is ``key``.
+
+        No name resolution: for tools that walk :attr:`sources` and must not be redirected by
+        a node name equal to another value's tensor name.
+        """
+        if key not in self.sources_map:
+            from .errors import UnknownNameError
+
+            raise UnknownNameError(f"no source value has the tensor name {key!r} (see the tensor column of sources)")
+        return self._value(key)
+
     def get_all(self, pattern: str) -> dict[str, np.ndarray]:
         """Every value whose name matches the glob ``pattern``, by display name, in model order."""
         return {self.sources_map[k].display_name: self._value(k) for k in self._names.match(pattern)}

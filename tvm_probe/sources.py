@@ -29,7 +29,8 @@ class Served(str, Enum):
     CAPTURED = "captured"      # a kernel output copied while the model ran
     VIEW = "view"              # a zero-copy builtin view (reshape) copied while the model ran
     RECOMPUTED = "recomputed"  # kept inside a fused kernel; recomputed from its captured inputs
-    UNAVAILABLE = "unavailable"  # the compiled module never computes it (dead code)
+    UNAVAILABLE = "unavailable"  # dead code: no model output depends on it in the source graph
+    UNKNOWN = "unknown"        # live, but tvm_probe cannot tell where the compiled module holds it
 
 
 @dataclass
@@ -129,3 +130,18 @@ class SourceMap:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def live_keys(self) -> set[str]:
+        """Keys of the values some model output depends on, judged on the source graph itself.
+
+        This is what "dead code" means: a value outside this set is never needed, whatever
+        the compiler does.  Computed from ``inputs`` alone, so it holds for dumps too.
+        """
+        live, stack = set(), [k for k in self.model_outputs if k in self.values]
+        while stack:
+            key = stack.pop()
+            if key in live:
+                continue
+            live.add(key)
+            stack.extend(k for k in self.values[key].inputs if k in self.values and k not in live)
+        return live

@@ -239,7 +239,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
             expr = bound_to.get(expr, expr)  # a converted op's Call, bound where first used
             value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
                                 num_outputs=len(outs), topo_index=topo,
-                                inputs=tuple(i for i in node.input if i), aliases=aliases.get(out, ()))
+                                inputs=_node_inputs(node), aliases=aliases.get(out, ()))
             if isinstance(expr, relax.Var):
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = _tensor_info(expr)
@@ -261,6 +261,18 @@ def _collect(proto, mod, importer) -> ImportedModel:
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, hash_model=lambda: model_hash(proto))
+
+
+def _node_inputs(node) -> tuple[str, ...]:
+    """Every tensor ``node`` reads: its inputs and the outer names its subgraphs (If, Loop) use."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            defined = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            for inner in sub.node:
+                names += [i for i in _node_inputs(inner) if i not in defined]
+                defined.update(inner.output)
+    return tuple(dict.fromkeys(names))
 
 
 def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]:

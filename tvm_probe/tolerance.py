@@ -1,0 +1,67 @@
+"""Comparison tolerances: one home for the defaults, which follow the dtype (as numpy and torch
+testing do), and the one rule every comparison in tvm_probe uses.
+
+A value passes when, element by element, ``|tvm - ref| <= atol + rtol * |ref|`` — where NaN
+agrees with NaN and ±inf agrees only with the same infinity; a NaN or an infinity on one side
+only is a divergence, whatever the tolerance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``atol`` and ``rtol`` of the rule in the module docstring."""
+
+    atol: float
+    rtol: float
+
+    def __str__(self) -> str:
+        return f"atol {self.atol:g}, rtol {self.rtol:g}"
+
+
+EXACT = Tolerance(0.0, 0.0)
+
+# Defaults by dtype: a few units of each type's rounding, accumulated through a deep model.
+_BY_DTYPE = {
+    "float64": Tolerance(1e-7, 1e-6),
+    "float32": Tolerance(1e-4, 1e-3),
+    "float16": Tolerance(5e-3, 5e-3),
+    "bfloat16": Tolerance(5e-2, 3e-2),
+}
+
+
+def default_tolerance(dtype) -> Tolerance:
+    """The default tolerance for values of ``dtype``: exact for integers and booleans.
+
+    Defaults to atol 1e-4, rtol 1e-3 for float32; 5e-3 / 5e-3 for float16; 5e-2 / 3e-2 for
+    bfloat16; 1e-7 / 1e-6 for float64.
+    """
+    name = str(np.dtype(dtype)) if not str(dtype) == "bfloat16" else "bfloat16"
+    if name in _BY_DTYPE:
+        return _BY_DTYPE[name]
+    return EXACT if np.dtype(name).kind in "biu" else _BY_DTYPE["float32"]
+
+
+def describe_defaults() -> str:
+    """One line stating the default tolerances (printed with verdicts that use them)."""
+    floats = ", ".join(f"{d} {t}" for d, t in _BY_DTYPE.items())
+    return f"default tolerances by dtype: {floats}; integers and booleans exact"
+
+
+def within(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """Elementwise pass/fail of ``got`` against ``ref`` (same shape) under the module's rule."""
+    g = np.asarray(got)
+    r = np.asarray(ref)
+    if g.dtype.kind not in "fc" and r.dtype.kind not in "fc":
+        return g == r if tol == EXACT else np.abs(g.astype(np.float64) - r) <= tol.atol + tol.rtol * np.abs(r)
+    g64, r64 = g.astype(np.float64), r.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(g64 - r64) <= tol.atol + tol.rtol * np.abs(r64)
+    both_nan = np.isnan(g64) & np.isnan(r64)
+    same_inf = np.isinf(r64) & (g64 == r64)
+    finite_ref = np.isfinite(r64)
+    return both_nan | same_inf | (close & finite_ref & np.isfinite(g64))
