@@ -1,19 +1,25 @@
 """tvm_probe benchmarks: what capturing costs, measured side by side in one process.
 
-    python bench/bench.py                 # demo BERT and bert-base, both pipelines (~20 min on 2 cores)
-    python bench/bench.py --quick         # demo BERT only (~1 min)
+    python bench/bench.py                 # everything: demo BERT, bert-base, instrument (~25 min on 2 cores)
+    python bench/bench.py --quick         # demo BERT and the instrument section (~3 min)
+    python bench/bench.py --instrument    # the instrument section only (~2 min)
 
-Writes ``bench/results.md``.  Each comparison interleaves its variants run by run and reports
-medians and their ratio; peak memory is measured in a fresh subprocess per mode, as the
-high-water mark of resident memory during the run alone (``/proc/self/clear_refs``).
+Updates ``bench/results.md``: the sections a run measures replace those of the same title, the
+others are kept.  Each comparison interleaves its variants run by run and reports medians and
+their ratio; peak memory is measured in a fresh subprocess per mode, as the high-water mark of
+resident memory during the run alone (``/proc/self/clear_refs``).
 Targets: full capture <= 1.10x a plain run, selective <= 1.02x, build <= 1.15x, disk-mode peak
-<= plain peak + 2 x the largest captured tensor + 64 MiB.
+<= plain peak + 2 x the largest captured tensor + 64 MiB; for the capture instrument (issue 16)
+also <= 0.5 us per VM call and copies at >= 80 % of a numpy memcpy of the same bytes.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -35,18 +41,40 @@ def model_for(name: str):
     return model, demo.demo_inputs(model)
 
 
+CLOCK = time.perf_counter  # bench_instrument switches to the thread's CPU time (see there)
+
+
 def timed(fn) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def interleave(variants: dict, rounds: int) -> dict[str, float]:
-    """Median seconds of each variant, running them in turn ``rounds`` times."""
+    """Median seconds of each variant, running them all once per round, ``rounds`` times.
+
+    The order is shuffled every round: a variant run right after a heavy one (the Python
+    instrument) starts with cold caches, and a fixed order would charge that to the same
+    variant every time.  The garbage collector is paused while a variant runs and collects
+    between runs (objects made before the rounds are frozen, so that is quick): otherwise the
+    garbage one variant leaves would be collected on another's clock.
+    """
     samples = {k: [] for k in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].append(timed(fn))
+    order, shuffle = list(variants), random.Random(0).shuffle
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(rounds):
+            shuffle(order)
+            for name in order:
+                gc.disable()
+                try:
+                    samples[name].append(timed(variants[name]))
+                finally:
+                    gc.enable()
+                gc.collect()
+    finally:
+        gc.unfreeze()
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -172,6 +200,304 @@ def _peak_child(model_name: str, pipeline: str, mode: str) -> None:
         print(json.dumps({"peak": _vm_hwm(), "start": before, "largest": largest}))
 
 
+# ------------------------------------------------------------------------------ capture instrument
+INSTRUMENT_SECTION = "## Capture instrument: native vs Python (issue 16)"
+
+
+def call_heavy_model(layers: int = 300, width: int = 64):
+    """``layers`` small dense layers (MatMul, Add, Relu on a ``[1, width]`` vector).
+
+    Under ``fused`` each layer is one kernel of a few microseconds, so a run is mostly VM calls:
+    the shape of an LLM decode step, where a per-call cost is what users pay.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{i}")
+        b = numpy_helper.from_array((0.1 * rng.standard_normal(width)).astype(np.float32), f"b{i}")
+        inits += [w, b]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"layer{i}/mm"], name=f"layer{i}/MatMul"),
+                  helper.make_node("Add", [f"layer{i}/mm", f"b{i}"], [f"layer{i}/add"], name=f"layer{i}/Add"),
+                  helper.make_node("Relu", [f"layer{i}/add"], [f"layer{i}/out"], name=f"layer{i}/Relu")]
+        x = f"layer{i}/out"
+    graph = helper.make_graph(nodes, "call_heavy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model, {"x": rng.standard_normal((1, width)).astype(np.float32)}
+
+
+def large_tensor_model(layers: int = 8, rows: int = 1024, cols: int = 1024):
+    """``layers`` × (Mul, Add, Relu) on a ``[rows, cols]`` float32 tensor (4 MiB by default).
+
+    Compiled with ``default`` (no fusion on CPU) each op is a memory-bound kernel with a 4 MiB
+    output: copies run at memory bandwidth, where the copy throughput target means most.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits += [numpy_helper.from_array(rng.uniform(0.5, 1.5, cols).astype(np.float32), f"s{i}"),
+                  numpy_helper.from_array(rng.uniform(-0.1, 0.1, cols).astype(np.float32), f"t{i}")]
+        nodes += [helper.make_node("Mul", [x, f"s{i}"], [f"l{i}/mul"], name=f"l{i}/Mul"),
+                  helper.make_node("Add", [f"l{i}/mul", f"t{i}"], [f"l{i}/add"], name=f"l{i}/Add"),
+                  helper.make_node("Relu", [f"l{i}/add"], [f"l{i}/out"], name=f"l{i}/Relu")]
+        x = f"l{i}/out"
+    graph = helper.make_graph(nodes, "large", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, cols])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, cols])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((rows, cols)).astype(np.float32)}
+
+
+@contextlib.contextmanager
+def instrument_env(choice: str):
+    """``TVM_PROBE_INSTRUMENT=choice`` while the block runs."""
+    from tvm_probe.capture import INSTRUMENT_ENV
+
+    before = os.environ.get(INSTRUMENT_ENV)
+    os.environ[INSTRUMENT_ENV] = choice
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INSTRUMENT_ENV)
+        else:
+            os.environ[INSTRUMENT_ENV] = before
+
+
+def probe_with(probe, choice: str):
+    """A probe on the same compiled executable whose executor uses the ``choice`` instrument."""
+    from tvm_probe import Probe
+
+    with instrument_env(choice):
+        twin = Probe(probe.imported, probe.built, probe.kernel_map)
+    assert twin._executor.instrument == choice, twin._executor.fallback_reason
+    return twin
+
+
+def count_vm_calls(probe, inputs) -> int:
+    """VM Call instructions in one run (kernels and builtins: each calls the instrument twice)."""
+    import tvm
+
+    calls = []
+    vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
+    vm.set_instrument(lambda func, symbol, before, *rest: calls.append(before) or 0)
+    vm["main"](*[tvm.runtime.tensor(inputs[s.name]) for s in probe.inputs])
+    return sum(calls)
+
+
+def native_main(probe, copy: bool):
+    """A bare VM's ``main`` under a native session (built with the public API of
+    :mod:`tvm_probe.native`) that times every call and, with ``copy``, copies every kernel
+    output into an arena; returns ``(run, bytes copied per run)``."""
+    import tvm
+
+    from tvm_probe import native
+
+    sites, end = [], 0
+    for s in probe.kernel_map.sites:
+        outputs = list(zip(s.out_shapes, s.out_dtypes))
+        if copy:
+            slots, end = native.layout(outputs, end)
+        else:
+            slots = [native.Slot(-1, 0, d, tuple(shape)) for shape, d in outputs]
+        sites.append(native.NativeSite(s.symbol, s.is_view, s.num_inputs, native.COPY if copy else 0,
+                                       outputs=tuple(slots)))
+    session = native.load().open(native.encode_plan(sites, end))
+    arena = np.empty(end, np.uint8)
+    address = arena.__array_interface__["data"][0] if end else 0
+    vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
+    vm.set_instrument(session.instrument())
+    main = vm["main"]
+
+    def run(*args):
+        session.begin(address)
+        return main(*args)
+
+    run.keep = (session, arena)  # alive as long as the function
+    return run, end
+
+
+def vm_costs(probe, inputs, rounds: int) -> tuple[dict[str, float], int]:
+    """Seconds per run of a bare VM: plain, under the native no-op instrument (TVM's dispatch
+    alone), under tvm_probe's instrument timing every call, and also copying every output;
+    interleaved.  Also returns the bytes the copying variant copies."""
+    import tvm
+
+    from tvm_probe import native
+
+    names = [s.name for s in probe.inputs]
+
+    def call(main):
+        return lambda: main(*[tvm.runtime.tensor(inputs[n]) for n in names]).numpy()
+
+    def vm_main(instrument=None):
+        vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
+        if instrument is not None:
+            vm.set_instrument(instrument)
+        return vm["main"]
+
+    timing, _ = native_main(probe, copy=False)
+    copying, nbytes = native_main(probe, copy=True)
+    variants = {"plain": call(vm_main()), "no-op": call(vm_main(native.load().noop())),
+                "timing": call(timing), "copying": call(copying)}
+    for fn in variants.values():
+        fn()
+    return interleave(variants, rounds), nbytes
+
+
+def numpy_copies(probe, inputs, nbytes: int, rounds: int) -> dict[str, float]:
+    """GB/s of numpy copying ``nbytes`` between warm buffers as one block (the physical limit),
+    and copying the kernel outputs of one run tensor by tensor."""
+    from tvm_probe.capture import CapturePlan, DebugExecutor
+
+    capture = DebugExecutor(probe.built, probe.kernel_map, instrument="native").run(
+        [inputs[s.name] for s in probe.inputs], CapturePlan())
+    tensors = [a for outs in capture.outputs.values() for a in outs]
+    targets = [np.empty_like(a) for a in tensors]
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+
+    def one_by_one():
+        for a, b in zip(tensors, targets):
+            np.copyto(b, a)
+
+    block = statistics.median(timed(lambda: np.copyto(dst, src)) for _ in range(rounds))
+    each = statistics.median(timed(one_by_one) for _ in range(rounds))
+    return {"tensors": len(tensors), "memcpy": nbytes / block / 1e9, "numpy each": nbytes / each / 1e9}
+
+
+def bench_instrument(label: str, probe, inputs, selective: str, rounds: int) -> tuple[list[str], dict]:
+    """probe.run under each instrument against the plain run, interleaved; then the bare VM
+    (per-call cost, copy throughput), interleaved on its own."""
+    import tvm
+
+    print(f"[instrument: {label}] ...", file=sys.stderr)
+    nat, py = probe_with(probe, "native"), probe_with(probe, "python")
+    vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
+    main, names = vm["main"], [s.name for s in probe.inputs]
+    variants = {
+        "plain": lambda: main(*[tvm.runtime.tensor(inputs[n]) for n in names]).numpy(),
+        "probe.run, capture=None (native)": lambda: nat.run(inputs, capture=None),
+        "probe.run, full (native)": lambda: nat.run(inputs),
+        "probe.run, full (python)": lambda: py.run(inputs),
+        "probe.run, selective (native)": lambda: nat.run(inputs, capture=[selective]),
+        "probe.run, selective (python)": lambda: py.run(inputs, capture=[selective]),
+    }
+    for fn in variants.values():
+        fn()  # warm-up: first calls allocate (arenas, plans)
+    times = interleave(variants, rounds)
+    calls = count_vm_calls(probe, inputs)
+    bare, nbytes = vm_costs(probe, inputs, rounds * 3)
+    copies = numpy_copies(probe, inputs, nbytes, max(rounds, 50))
+    base, vm_base = times["plain"], bare["plain"]
+    metrics = {
+        "full": times["probe.run, full (native)"] / base,
+        "selective": times["probe.run, selective (native)"] / base,
+        "us_per_call": (bare["timing"] - vm_base) * 1e6 / calls,
+        "dispatch_us_per_call": (bare["no-op"] - vm_base) * 1e6 / calls,
+        "per_call_measurable": calls / (vm_base * 1e3) >= 50,  # calls per ms: else it is noise
+        "copy_gbs": nbytes / max(bare["copying"] - bare["timing"], 1e-9) / 1e9,
+        "memcpy_gbs": copies["memcpy"],
+    }
+    metrics["copy_share"] = metrics["copy_gbs"] / metrics["memcpy_gbs"]
+    lines = [f"### {label}", "",
+             f"{len(probe.kernel_map.sites)} kernel calls and {calls} VM calls a run; full capture copies "
+             f"{copies['tensors']} tensors, {nbytes / 2**20:.2f} MiB; {rounds} interleaved rounds.", "",
+             "| variant | median | ratio to plain |", "|---|---|---|"]
+    lines += [f"| {k} | {v * 1e3:.3f} ms | {v / base:.3f}x |" for k, v in times.items()]
+    titles = {"plain": "plain", "no-op": "native no-op instrument (TVM's dispatch alone)",
+              "timing": "tvm_probe's native instrument, timing every call",
+              "copying": "... and copying every kernel output"}
+    lines += ["", f"| bare VM, {rounds * 3} interleaved rounds | median | ratio to plain |", "|---|---|---|"]
+    lines += [f"| {titles[k]} | {v * 1e3:.3f} ms | {v / vm_base:.3f}x |" for k, v in bare.items()]
+    lines += ["", f"Copies: native {metrics['copy_gbs']:.1f} GB/s (bytes / time the copying adds to the bare "
+              f"run); numpy {copies['memcpy']:.1f} GB/s as one block, {copies['numpy each']:.1f} GB/s tensor by "
+              "tensor.", "", "| target | measured | |", "|---|---|---|"]
+    lines += instrument_rows(label, metrics, calls, vm_base)
+    return lines, metrics
+
+
+def instrument_rows(label: str, m: dict, calls: int, vm_base: float) -> list[str]:
+    """The four targets of issue 16 for one model, as table rows (also printed)."""
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**missed** (see below)"
+
+    per_call = (f"{m['us_per_call']:.3f} us, of which TVM's dispatch {m['dispatch_us_per_call']:.3f} us",
+                verdict(m["us_per_call"] <= 0.5))
+    if not m["per_call_measurable"]:
+        per_call = (f"({m['us_per_call']:.3f} us)", f"not measurable here: {calls} calls in a "
+                    f"{vm_base * 1e3:.1f} ms run are within its noise")
+    rows = [
+        ("full capture to memory <= 1.10x", f"{m['full']:.3f}x", verdict(m["full"] <= 1.10)),
+        ("selective capture (one value) <= 1.02x", f"{m['selective']:.3f}x", verdict(m["selective"] <= 1.02)),
+        ("instrument cost per VM call <= 0.5 us", *per_call),
+        ("copy throughput >= 80% of numpy memcpy",
+         f"{m['copy_gbs']:.1f} vs {m['memcpy_gbs']:.1f} GB/s: {100 * m['copy_share']:.0f}%",
+         verdict(m["copy_share"] >= 0.8)),
+    ]
+    for name, value, v in rows:
+        print(f"{label}: {name}: {value} -> {v.replace('**', '')}", file=sys.stderr)
+    return [f"| {name} | {value} | {v} |" for name, value, v in rows]
+
+
+def instrument_section() -> list[str]:
+    """The capture instrument section, measured in a child process (see _instrument_child)."""
+    code = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; "
+            "import bench; bench._instrument_child()")
+    env = dict(os.environ)
+    env.setdefault("TVM_NUM_THREADS", "1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    sys.stderr.write(out.stderr)
+    if out.returncode != 0:
+        raise RuntimeError(f"the instrument benchmark failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _instrument_child() -> None:
+    """Measure with the CPU time of the thread running the VM, kernels on that thread alone.
+
+    On a machine shared with other jobs, wall time counts the time the scheduler gives them, and
+    a kernel split over TVM's worker threads waits for whichever worker was descheduled: single
+    runs then vary by 4x.  With one TVM thread all of a run's work is on the calling thread, and
+    its CPU time is the run's cost without the neighbours'.
+    """
+    global CLOCK
+    from tvm_probe import Probe, native
+
+    CLOCK = time.thread_time
+    lines = [INSTRUMENT_SECTION, "",
+             "Medians of interleaved rounds; ratios against the plain run of the same executable (numpy "
+             "in, numpy out) in the same rounds. Timed as the CPU time of the calling thread, with TVM "
+             f"running kernels on that thread alone (TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}): the "
+             "machine (2 cores) was shared with other engineers' jobs, which otherwise add "
+             f"milliseconds at random. Native library `{native.library_path().name}`.", ""]
+    model, inputs = model_for("demo")
+    cases = [("demo BERT, `fused`", Probe.from_onnx(model, pipeline="fused"), inputs, SELECTIVE, 300)]
+    model, inputs = call_heavy_model()
+    cases.append(("call-heavy: 300 dense layers of width 64, `fused`", Probe.from_onnx(model, pipeline="fused"),
+                  inputs, "layer150/Relu", 200))
+    model, inputs = large_tensor_model()
+    cases.append(("large tensors: 24 elementwise kernels on 4 MiB each, `default`",
+                  Probe.from_onnx(model, pipeline="default"), inputs, "l4/Relu", 30))
+    for label, probe, inputs, selective, rounds in cases:
+        lines += bench_instrument(label, probe, inputs, selective, rounds)[0] + [""]
+    print(json.dumps(lines + INSTRUMENT_NOTES))
+
+
+INSTRUMENT_NOTES = """How to read it: "VM + native no-op instrument" is what TVM charges for any instrument (the
+VM packs the call's arguments and calls the instrument before and after each Call instruction,
+builtins included); "timing only" adds what tvm_probe's instrument does on every call (symbol
+lookup, occurrence count, two clock reads). The per-call cost is (timing only - plain) / VM calls.
+Copy throughput is bytes copied / time spent inside the instrument's copies (each output copied
+into a reused arena right after its kernel), against `np.copyto` of one block of the same size
+between warm buffers.
+""".splitlines()
+
+
 # ------------------------------------------------------------------------------ report
 def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
@@ -206,28 +532,62 @@ NOTES = """## Why targets are missed where they are
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="demo BERT only")
+    parser.add_argument("--quick", action="store_true", help="demo BERT and the instrument section")
+    parser.add_argument("--instrument", action="store_true", help="the capture instrument section only")
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
-    models = ["demo"] if args.quick else ["demo", "bert-base"]
-    lines = ["# tvm_probe benchmark results", "",
-             f"Machine: {os.cpu_count()} cores, {sys.platform}; python {sys.version.split()[0]}; "
-             f"written by `bench/bench.py` on {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             "Medians of interleaved runs; ratios are against the plain run of the same executable "
-             "without an instrument (numpy inputs in, model output back as numpy, as a user runs it).",
-             ""]
+    models = [] if args.instrument else ["demo"] if args.quick else ["demo", "bert-base"]
+    header = ["# tvm_probe benchmark results", "",
+              f"Machine: {os.cpu_count()} cores, {sys.platform}; python {sys.version.split()[0]}; "
+              f"written by `bench/bench.py` on {time.strftime('%Y-%m-%d %H:%M')} (sections not measured "
+              "by that run are kept from earlier runs).", "",
+              "Medians of interleaved runs; ratios are against the plain run of the same executable "
+              "without an instrument (numpy inputs in, model output back as numpy, as a user runs it).",
+              ""]
+    measured = []
     for model_name in models:
         model, inputs = model_for(model_name)
         rounds = 9 if model_name == "demo" else 3
         for pipeline in ("default", "fused"):
-            lines += bench_one(model_name, model, inputs, pipeline, rounds)
-        lines += ["### onnxruntime anchor", "", "| variant | median | ratio |", "|---|---|---|"]
+            measured += bench_one(model_name, model, inputs, pipeline, rounds)
+        measured += ["### onnxruntime anchor", "", "| variant | median | ratio |", "|---|---|---|"]
         ort_times = bench_onnxruntime(model, inputs, rounds)
         base = ort_times["onnxruntime"]
-        lines += [f"| {k} | {v * 1e3:.2f} ms | {v / base:.3f}x |" for k, v in ort_times.items()] + [""]
-    lines += NOTES
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        measured += [f"| {k} | {v * 1e3:.2f} ms | {v / base:.3f}x |" for k, v in ort_times.items()] + [""]
+    measured += instrument_section()
+    old = args.out.read_text() if args.out.exists() else ""
+    text = merge_results(old, header, sections(measured) + sections(NOTES))
+    args.out.write_text(text)
+    print("\n".join(measured))
+
+
+def sections(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """``(title, lines)`` per ``## `` heading (a ``###`` stays inside its ``##`` section)."""
+    out: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.startswith("## "):
+            out.append((line, []))
+        if out:
+            out[-1][1].append(line)
+    return out
+
+
+def merge_results(old: str, header: list[str], new: list[tuple[str, list[str]]]) -> str:
+    """``header``, then the old sections with those measured now replaced (in place) and the
+    new ones added before the notes (the last section)."""
+    replaced = dict(new)
+    kept = [(t, replaced.pop(t, body)) for t, body in sections(old.splitlines())]
+    notes = [s for s in kept if s[0] == NOTES[0]] or [s for s in new if s[0] == NOTES[0]]
+    kept = [s for s in kept if s[0] != NOTES[0]]
+    ordered = kept + [(t, b) for t, b in new if t in replaced and t != NOTES[0]] + notes
+    body = [line for _, lines in ordered for line in _strip_blank_tail(lines) + [""]]
+    return "\n".join(header + body).rstrip("\n") + "\n"
+
+
+def _strip_blank_tail(lines: list[str]) -> list[str]:
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines
 
 
 def bench_one(model_name, model, inputs, pipeline, rounds) -> list[str]:

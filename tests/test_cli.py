@@ -34,7 +34,9 @@ def demo_run(tmp_path_factory):
 def test_demo_config_passes_and_writes_dump_and_report(demo_run):
     proc, out = demo_run
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("compared values within tolerance")
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "all 126 compared values within tolerance; default tolerance by dtype "
+        "(float32 atol 0.0001, rtol 0.001, int64 exact)")
     assert "Traceback" not in proc.stderr
     reader = load_dump(out / "dump")
     assert reader.metadata["model"] == {"demo": {"preset": "tiny"}}

@@ -64,3 +64,47 @@ def test_multi_output_node_answers_to_node_colon_k_and_tensor_names(pipeline):
     if pipeline == "default":
         node = probe.sources_map["b"].node_index
         np.testing.assert_array_equal(probe.get_node_output(node, 1), ref["b"])
+
+
+def _one_node_model(*nodes, inputs, outputs):
+    from onnx import helper
+
+    graph = helper.make_graph(list(nodes), "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_plain_import_uses_no_fix(bert_model):
+    imported = import_onnx(bert_model)
+    assert imported.fixes == [] and imported.unfixed == []
+
+
+def test_a_node_tvm_fails_on_is_named_with_tvms_message_not_called_unsupported():
+    """TopK is supported; a run-time k is not: a ModelError naming the node and TVM's reason."""
+    from onnx import TensorProto, helper
+
+    from tvm_probe import ModelError, UnsupportedOpError
+
+    vi = helper.make_tensor_value_info
+    model = _one_node_model(helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk"),
+                            inputs=[vi("x", TensorProto.FLOAT, [2, 5]), vi("k", TensorProto.INT64, [1])],
+                            outputs=[vi("v", TensorProto.FLOAT, [2, None]), vi("i", TensorProto.INT64, [2, None])])
+    with pytest.raises(ModelError) as info:
+        import_onnx(model)
+    assert not isinstance(info.value, UnsupportedOpError)
+    assert str(info.value) == "TVM's ONNX importer failed on node 'topk' (op TopK): TopK k must be a constant"
+
+
+def test_a_failure_outside_the_converters_still_names_the_node():
+    """TVM refuses shape values as inputs of most ops before converting: the node is named."""
+    from onnx import TensorProto, helper
+
+    from tvm_probe import ModelError
+
+    vi = helper.make_tensor_value_info
+    model = _one_node_model(helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                            helper.make_node("Neg", ["s"], ["y"], name="neg"),
+                            inputs=[vi("x", TensorProto.FLOAT, [2, 5])], outputs=[vi("y", TensorProto.INT64, [2])])
+    with pytest.raises(ModelError) as info:
+        import_onnx(model)
+    assert str(info.value) == ("TVM's ONNX importer failed on node 'neg' (op Neg): "
+                               "Node neg cannot handle ShapeExpr inputs.")

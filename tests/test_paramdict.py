@@ -110,13 +110,13 @@ def test_bfloat16_without_ml_dtypes_indexes_but_refuses_to_decode(tmp_path):
         "print([(e.name, e.dtype, e.nbytes) for e in m.read_index(data)])\n"
         "print(m.view(data, m.read_index(data)[1]).tolist())\n"
         "try: m.loads(data)\n"
-        "except m.ParamDictError as e: print(e)\n"
+        "except m.DtypeUnavailableError as e: print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         "[('x', 'bfloat16', 6), ('y', 'int8', 2)]",
         "[1, 1]",
-        "<bytes>: tensor 'x' at byte 98: dtype bfloat16 needs the ml_dtypes package",
+        "<bytes>: tensor 'x' at byte 98: dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)",
     ]
 
 
@@ -230,6 +230,54 @@ def test_save_and_load_files(tmp_path):
     path.write_bytes(path.read_bytes()[:-1])
     with pytest.raises(ParamDictError, match=rf"^{path}: truncated at byte \d+ while reading"):
         pd.load(path)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_mapped_file_reads_like_load(tmp_path, dtype):
+    path = tmp_path / "m.params"
+    params = {f"t{i}": _sample(dtype, shape, seed=i) for i, shape in enumerate(SHAPES)}
+    pd.save(path, params)
+    mapped = pd.MappedParams(path)
+    assert list(mapped) == list(params) and len(mapped) == len(params) and "t0" in mapped and "x" not in mapped
+    assert [(e.dtype, e.shape) for e in mapped.entries.values()] == [(dtype, a.shape) for a in params.values()]
+    for name, want in params.items():
+        got = mapped[name]
+        _assert_same(got, want)
+        assert not got.flags.writeable, "a view of the mapped file, not a copy"
+
+
+def test_mapped_file_reads_data_only_when_asked(tmp_path):
+    """The index is checked on opening; the bytes of a tensor when it is read."""
+    path = tmp_path / "b.params"
+    data, _ = _one_tensor(np.array([True, False]), name="m")
+    path.write_bytes(data[:-1] + b"\x02")
+    mapped = pd.MappedParams(path)
+    assert mapped.entries["m"].shape == (2,)
+    with pytest.raises(ParamDictError, match=rf"^{path}: tensor 'm' at byte \d+: bool data holds bytes other"):
+        mapped["m"]
+
+
+def test_mapped_file_refuses_empty_and_truncated_files(tmp_path):
+    path = tmp_path / "e.params"
+    path.write_bytes(b"")
+    with pytest.raises(ParamDictError, match=rf"^{path}: truncated at byte 0"):
+        pd.MappedParams(path)
+    pd.save(path, _small_dict())
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ParamDictError, match=rf"^{path}: truncated at byte \d+ while reading"):
+        pd.MappedParams(path)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="an open file cannot be deleted on Windows")
+def test_mapped_arrays_outlive_the_file_name(tmp_path):
+    """A dump replaced by a newer one (renamed over, old folder deleted) keeps its readers working."""
+    path = tmp_path / "p.params"
+    pd.save(path, _small_dict())
+    mapped = pd.MappedParams(path)
+    w = mapped["w"]
+    path.unlink()
+    _assert_same(w, _small_dict()["w"])
+    _assert_same(mapped["mask"], _small_dict()["mask"])
 
 
 @pytest.mark.parametrize(

@@ -219,7 +219,9 @@ def test_report_from_a_dump_keeps_the_kernel_times(bert_probe, passing, tmp_path
     text = paths["html"].read_text(encoding="utf-8")
     check_html(text)
     assert "No kernel times were recorded" not in text and "No values were compared" in text
-    assert len(pd.read_csv(paths["compare"])) == 0
+    table = pd.read_csv(paths["compare"])  # an empty reference: every value accounted as unchecked
+    assert len(table) == len(compare(dump, {}).unchecked) > 100 and set(table["status"]) == {"unchecked"}
+    assert "FAIL" in text and "not checked" in text
     nodes = pd.read_csv(paths["nodes"])
     assert len(nodes) == len(bert_probe.node_infos)
     assert np.allclose(nodes["time_us"].dropna(), bert_probe.nodes["time_us"].dropna())

@@ -18,15 +18,12 @@ Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are i
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .errors import PipelineError, one_line
+from .failures import CompileWarning, PassLog, native_log_to_logging  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +52,7 @@ class BuiltModel:
     target: Any
     pipeline: str
     snapshots: Snapshots
+    warnings: list[CompileWarning] = field(default_factory=list)  # TVM's, with the source ops concerned
 
     @property
     def device(self):
@@ -103,13 +101,15 @@ def resolve_pipeline(pipeline: PipelineLike, target) -> tuple[Any, str]:
         f"unknown pipeline {pipeline!r}: use one of {', '.join(PIPELINES)} or a tvm.transform.Pass")
 
 
-def _instrument(snaps: Snapshots):
+def _instrument(snaps: Snapshots, passes: PassLog | None = None):
     import tvm
 
     @tvm.ir.instrument.pass_instrument
     class _Snapshot:
         def run_before_pass(self, mod, info):
             snaps.passes.append(info.name)
+            if passes is not None:
+                passes.before(mod, info.name)
             if info.name == "FoldConstant" and snaps.pre_fold is None:
                 snaps.pre_fold = mod
             if info.name == "FuseOps" and snaps.pre_fusion is None:
@@ -118,6 +118,8 @@ def _instrument(snaps: Snapshots):
                 snaps.call_graph = mod
 
         def run_after_pass(self, mod, info):
+            if passes is not None:
+                passes.after(info.name)
             if info.name == "FuseOps" and snaps.post_fusion is None:
                 snaps.post_fusion = mod
 
@@ -135,61 +137,69 @@ def _context_with(instrument):
         config=dict(cur.config))
 
 
-def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default") -> BuiltModel:
+def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", imported=None) -> BuiltModel:
     """Run ``pipeline`` on ``mod`` for ``target`` once, keep snapshots, build the result.
 
+    Args:
+        mod: the Relax module (``imported.mod`` for a model tvm_probe imported).
+        target, pipeline: see :func:`parse_target` and :func:`resolve_pipeline`.
+        imported: the :class:`~tvm_probe.importer.ImportedModel` ``mod`` comes from; with it,
+            failures and :attr:`BuiltModel.warnings` name source ops (without it, passes and
+            kernels only).
+
     Raises:
-        PipelineError: unknown pipeline or target, the pipeline failed, or it does not lower
-            ``main`` through ``ToNonDataflow``/``CallTIRRewrite`` (then it is not a VM pipeline).
+        PipelineError: unknown pipeline or target, or a pipeline that does not lower ``main``
+            through ``ToNonDataflow``/``CallTIRRewrite`` (then it is not a VM pipeline).
+        TVMCompileError: a pass of the pipeline or the build failed on this model.  The message
+            names the pass or kernel, the source ops and TVM's own words; the error carries
+            ``failure`` (:class:`~tvm_probe.failures.TVMFailure`), ``details`` (TVM's whole
+            message) and ``snapshots`` (what the pipeline produced before it failed).
     """
-    from tvm import relax
+    from . import failures
 
     target = parse_target(target)
     pass_, label = resolve_pipeline(pipeline, target)
     snaps = Snapshots()
-    try:
-        with native_log_to_logging(), target, _context_with(_instrument(snaps)):
-            lowered = pass_(mod)
-    except Exception as err:
-        raise PipelineError(f"pipeline {label!r} failed for target {target.kind.name}: {one_line(err)}") from None
+    error = None
+    with native_log_to_logging() as pipeline_log:
+        passes = PassLog(pipeline_log)
+        try:
+            with target, _context_with(_instrument(snaps, passes)):
+                lowered = pass_(mod)
+        except Exception as err:
+            error = failures.pipeline_failure(err, passes, target, label, imported, snaps)
+            failures.release_native(err)  # what TVM logs as its objects go is logged here
+    if error is not None:
+        raise error
     if snaps.call_graph is None:
         raise PipelineError(
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
-    try:
+    executable, build_log = _build(lowered, target, snaps, imported)
+    warnings = []
+    if pipeline_log.warnings() or build_log.warnings():
         with native_log_to_logging():
-            executable = relax.build(lowered, target, relax_pipeline=None)
-    except Exception as err:
-        raise PipelineError(f"building for {target.kind.name} failed: {one_line(err)}") from None
-    return BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
+            warnings = failures.attribute_warnings(pipeline_log, passes, target, imported, build_log)
+    return BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps, warnings=warnings)
 
 
-@contextlib.contextmanager
-def native_log_to_logging():
-    """Send what TVM's C++ code prints to stderr while compiling to ``logging`` instead.
+def _build(lowered, target, snaps: Snapshots, imported):
+    """``relax.build`` of the lowered module (exactly what the pipeline produced), and what TVM
+    logged meanwhile."""
+    from tvm import relax
 
-    TVM logs warnings such as "Fast mode segfaults when there are out-of-bounds indices" for
-    every Gather; on a terminal they bury tvm_probe's own one-line messages.  They go to the
-    ``tvm_probe.build`` logger at INFO level (``tvm-probe -v`` shows them).
-    """
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # stderr replaced (e.g. a notebook): leave it
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(fd)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), fd)
+    from . import failures
+
+    error = None
+    with native_log_to_logging() as build_log:
         try:
-            yield
-        finally:
-            os.dup2(saved, fd)
-            os.close(saved)
-            sink.seek(0)
-            for line in sink.read().decode("utf-8", "replace").splitlines():
-                if line.strip():
-                    log.info("TVM: %s", line.strip())
+            executable = relax.build(lowered, target, relax_pipeline=None)
+        except Exception as err:
+            error = failures.build_failure(err, lowered, target, snaps, imported)
+            failures.release_native(err)
+    if error is not None:
+        raise error
+    return executable, build_log
 
 
 def compile_plain(mod, target, pipeline: PipelineLike = "default"):

@@ -12,22 +12,49 @@ the instrument before and after every Call instruction::
                                destination passing (inputs first, outputs last); a reshape
                                view returns its output as ``ret_value``.
 
+Two instruments implement this call tree and give byte-identical captures:
+
+* **native** (:mod:`tvm_probe.native`): a C++ function built with tvm-ffi, compiled once per
+  machine.  It gets a plan per :class:`CapturePlan` (per call site: time only, copy, or hand over
+  to a streaming sink) and copies into one byte arena allocated once and reused while nobody
+  holds the previous run's arrays; Python runs only before and after the run.  Calls the plan
+  does not want cost a symbol lookup and two clock reads.
+* **python** (:class:`_Calls`): the same in Python, ~3 us per VM call.  Used where the native
+  one cannot be built (no C++ compiler or ninja), for dtypes numpy cannot hold byte for byte, or
+  when ``TVM_PROBE_INSTRUMENT=python``.
+
+:attr:`Capture.instrument` and :attr:`DebugExecutor.instrument` say which one ran;
+:attr:`DebugExecutor.fallback_reason` says why the Python one was chosen.
+
 Kernel calls are matched to call sites by ``(symbol, occurrence)``, counted the same way as in
 :mod:`tvm_probe.kernel_map`; a run that does not call exactly the expected sites raises
 :class:`~tvm_probe.errors.TVMBehaviourChanged`.
 """
 from __future__ import annotations
 
-import contextlib
+import logging
+import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import TVMBehaviourChanged
-from .kernel_map import VIEW_SYMBOL, KernelMap
+from .errors import ProbeError, TVMBehaviourChanged
+from .kernel_map import VIEW_SYMBOL, ArgKind, KernelMap
+from .native import CALLED, COPIED_BYTES, STOPPED, UNEXPECTED
+
+log = logging.getLogger(__name__)
+
+NATIVE, PYTHON = "native", "python"
+#: Environment variable choosing the instrument: ``auto`` (default: native when it can be
+#: built), ``native`` (fail when it cannot) or ``python``.
+INSTRUMENT_ENV = "TVM_PROBE_INSTRUMENT"
+_CHOICES = ("auto", NATIVE, PYTHON)
+_MAX_PLANS = 16  # native plans kept per executor (one per distinct CapturePlan)
 
 
 @dataclass(frozen=True)
@@ -43,15 +70,22 @@ class CapturePlan:
 
 @dataclass
 class Capture:
-    """What one run produced: copied node outputs, per-node time, the model's outputs."""
+    """What one run produced: copied node outputs, per-node time, the model's outputs.
+
+    Attributes:
+        instrument: which instrument ran, ``"native"`` or ``"python"``.
+        copied_bytes: bytes of node outputs the native instrument copied during the run.
+    """
 
     inputs: list[np.ndarray]
-    outputs: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    outputs: Mapping[int, list[np.ndarray]] = field(default_factory=dict)
     untracked_inputs: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
     start_us: dict[int, float] = field(default_factory=dict)
     time_us: dict[int, float] = field(default_factory=dict)
     result: list[np.ndarray] = field(default_factory=list)
     total_us: float = 0.0
+    instrument: str = PYTHON
+    copied_bytes: int = 0
 
 
 def _to_numpy_list(value) -> list[np.ndarray]:
@@ -64,14 +98,44 @@ class DebugExecutor:
     """Runs a built model once per :meth:`run`, capturing what a :class:`CapturePlan` asks for.
 
     The executable is the one the user deploys; the executor only attaches an instrument.
+
+    Args:
+        built: the compiled model (:class:`~tvm_probe.build.BuiltModel`).
+        kernel_map: its call sites.
+        instrument: ``"auto"``, ``"native"`` or ``"python"``; defaults to ``$TVM_PROBE_INSTRUMENT``
+            or ``"auto"`` (native when it can be built here, else Python).
     """
 
-    def __init__(self, built, kernel_map: KernelMap):
+    def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None):
         from tvm import relax
 
-        self._km = kernel_map
+        self.kernel_map = self._km = kernel_map
         self._device = built.device
         self.vm = relax.VirtualMachine(built.executable, self._device)
+        self._main = self.vm["main"]
+        self._installed = None  # the instrument the VM holds now
+        self.instrument, self.fallback_reason = PYTHON, None
+        self._native = None
+        choice = instrument or os.environ.get(INSTRUMENT_ENV) or "auto"
+        if choice not in _CHOICES:
+            raise ProbeError(f"instrument must be one of {', '.join(_CHOICES)}, got {choice!r} "
+                             f"(from {'the argument' if instrument else INSTRUMENT_ENV})")
+        if choice != PYTHON:
+            self._native = self._try_native(choice == NATIVE)
+            self.instrument = NATIVE if self._native is not None else PYTHON
+
+    def _try_native(self, required: bool) -> "_NativeExecutor | None":
+        from .native import NativeUnavailable
+
+        try:
+            return _NativeExecutor(self._km)
+        except NativeUnavailable as err:
+            if required:
+                raise ProbeError(f"the native instrument is unavailable: {err}; set {INSTRUMENT_ENV}="
+                                 "auto or python to use the Python instrument") from None
+            self.fallback_reason = str(err)
+            log.info("native instrument unavailable (%s): using the Python instrument", err)
+            return None
 
     def to_device(self, arrays: list[np.ndarray]):
         import tvm
@@ -84,61 +148,57 @@ class DebugExecutor:
         ``sink(node, outputs)``, when given, receives each copied node's outputs instead of the
         returned Capture (so they can go to disk at once and not accumulate in memory).
         """
-        capture = Capture(inputs=inputs)
+        capture = Capture(inputs=inputs, instrument=self.instrument)
         device_inputs = self.to_device(inputs)
-        calls = _Calls(self._km, capture, plan, sink)
+        if self._native is not None:
+            calls = self._native.calls(self, plan, capture, sink)
+        else:
+            calls = _Calls(self, capture, plan, sink)
         t0 = time.perf_counter()
-        self.vm.set_instrument(calls.guarded_hook)
         try:
-            with _deferred_interrupt(calls):
-                result = self.vm["main"](*device_inputs)
+            with calls:
+                result = self._main(*device_inputs)
         except Exception:
             # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
             # into a bare RuntimeError: re-raise the original.
-            if calls.failure is not None:
-                raise calls.failure from None
+            calls.reraise()
             raise
-        finally:
-            self.vm.set_instrument(_continue)
         capture.total_us = (time.perf_counter() - t0) * 1e6
         capture.result = _to_numpy_list(result)
-        calls.check_complete()
+        calls.finish()
         return capture
 
+    def install(self, instrument, key=None) -> None:
+        """Give the VM ``instrument``, unless it holds the one named ``key`` already (a ``key``
+        of None always installs: the Python hook is new each run)."""
+        if key is None or self._installed != key:
+            self.vm.set_instrument(instrument)
+            self._installed = key
 
+
+def _behaviour_changed(unexpected: list[str], missing) -> TVMBehaviourChanged:
+    return TVMBehaviourChanged(
+        "the VM's kernel calls differ from the compiled module's call sites "
+        f"(unexpected: {unexpected[:5]}, never called: "
+        f"{[f'{s.symbol}#{s.occurrence}' for s in missing[:5]]}); "
+        "this TVM version behaves differently from the ones tvm_probe supports")
+
+
+# ------------------------------------------------------------------------------------- python
 def _continue(*_args) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _deferred_interrupt(calls: "_Calls"):
-    """Turn Ctrl-C during a VM run into a KeyboardInterrupt after the run stops.
-
-    Python delivers SIGINT wherever it next runs bytecode — inside the VM that is the instrument
-    hook, where TVM would wrap the KeyboardInterrupt into a RuntimeError.  So the handler only
-    sets a flag; the hook sees it and stops the run, and the interrupt is raised here.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: setattr(calls, "interrupted", True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if calls.interrupted:
-        raise KeyboardInterrupt
-
-
 class _Calls:
-    """State of one instrumented run (occurrence counters, clock).
+    """State of one run under the Python instrument (occurrence counters, clock).
 
     The hook runs twice per VM instruction, so it does as little as it can: one dict lookup
-    decides whether a call is a kernel at all.
+    decides whether a call is a kernel at all.  ``with calls:`` wraps the VM run.
     """
 
-    def __init__(self, km: KernelMap, capture: Capture, plan: CapturePlan, sink=None):
-        self.capture, self.plan = capture, plan
+    def __init__(self, executor: DebugExecutor, capture: Capture, plan: CapturePlan, sink=None):
+        km = executor.kernel_map
+        self.executor, self.capture, self.plan = executor, capture, plan
         self.store = sink or capture.outputs.__setitem__
         self.sites_of: dict[str, list] = {}
         for site in km.sites:
@@ -151,6 +211,33 @@ class _Calls:
         self.unexpected: list[str] = []
         self.failure: BaseException | None = None
         self.interrupted = False
+        self._previous_handler = None
+
+    def __enter__(self) -> "_Calls":
+        """Install the hook and defer Ctrl-C.
+
+        Python delivers SIGINT wherever it next runs bytecode — inside the VM that is the hook,
+        where TVM would wrap the KeyboardInterrupt into a RuntimeError.  So the handler only
+        sets a flag; the hook sees it and stops the run, and the interrupt is raised on exit.
+        """
+        self.executor.install(self.guarded_hook)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, *_args) -> None:
+        self.interrupted = True
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+        self.executor.install(_continue, key=PYTHON)  # the VM keeps a no-op, not our state
+        if exc_type is None and self.interrupted:
+            raise KeyboardInterrupt
+
+    def reraise(self) -> None:
+        if self.failure is not None:
+            raise self.failure from None
 
     def guarded_hook(self, *args):
         try:
@@ -177,7 +264,7 @@ class _Calls:
             site = sites[occurrence]
             if site.index in self.plan.untracked_inputs:
                 self.capture.untracked_inputs[site.index] = {
-                    j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == "untracked"}
+                    j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
             self.t_call = time.perf_counter()
             return 0
         t_end = time.perf_counter()
@@ -193,11 +280,191 @@ class _Calls:
             self.store(site.index, [o.numpy() for o in outs])
         return 0
 
-    def check_complete(self) -> None:
+    def finish(self) -> None:
         missing = [s for s in self.km.sites if s.index not in self.called and not s.is_view]
         if self.unexpected or missing:
-            raise TVMBehaviourChanged(
-                "the VM's kernel calls differ from the compiled module's call sites "
-                f"(unexpected: {self.unexpected[:5]}, never called: "
-                f"{[f'{s.symbol}#{s.occurrence}' for s in missing[:5]]}); "
-                "this TVM version behaves differently from the ones tvm_probe supports")
+            raise _behaviour_changed(self.unexpected, missing)
+
+
+# ------------------------------------------------------------------------------------- native
+class _NativeExecutor:
+    """The native instrument for one kernel map: plans per CapturePlan, sessions kept warm."""
+
+    def __init__(self, km: KernelMap):
+        from . import native
+
+        self._lib = native.load()
+        self._km = km
+        # every output dtype must have a byte-exact numpy form, or no plan could copy it
+        self._dtypes = {d: native.numpy_dtype(d) for s in km.sites for d in s.out_dtypes}
+        self._plans: dict[tuple[CapturePlan, bool], _NativePlan] = {}
+        self._plan(CapturePlan(), streaming=False)  # fail here, not in the first run
+
+    def calls(self, executor: DebugExecutor, plan: CapturePlan, capture: Capture, sink) -> "_NativeCalls":
+        return _NativeCalls(executor, self._plan(plan, sink is not None), capture, sink)
+
+    def _plan(self, plan: CapturePlan, streaming: bool) -> "_NativePlan":
+        key = (plan, streaming)
+        prepared = self._plans.get(key)
+        if prepared is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))  # the oldest; its session closes
+            prepared = self._plans[key] = _NativePlan(self._lib, self._km, plan, streaming, self._dtypes)
+        return prepared
+
+
+class _NativePlan:
+    """One CapturePlan as a native session: arena layout, arenas, how to read a run back."""
+
+    _POOL = 2  # arenas kept: the one the last run's Capture holds, and one to fill
+
+    def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict):
+        from .native import COPY, EMIT, NativeSite, Slot, encode_plan, layout
+
+        sites, offset = [], 0
+        self.slots: dict[int, tuple] = {}           # site → arena slots of its outputs
+        self.untracked: dict[int, tuple[int, ...]] = {}
+        for s in km.sites:
+            action = 0 if not plan.wants_output(s.index) else EMIT if streaming else COPY
+            if action == COPY:
+                slots, offset = layout(list(zip(s.out_shapes, s.out_dtypes)), offset)
+                self.slots[s.index] = tuple(slots)
+            else:  # shapes are only checked where copied; the count tells how many outputs
+                slots = [Slot(-1, 0, d, tuple(shape)) for shape, d in zip(s.out_shapes, s.out_dtypes)]
+            if s.index in plan.untracked_inputs:
+                self.untracked[s.index] = tuple(j for j, a in enumerate(s.args) if a.kind == ArgKind.UNTRACKED)
+            sites.append(NativeSite(s.symbol, s.is_view, s.num_inputs, action,
+                                    self.untracked.get(s.index, ()), tuple(slots)))
+        self.session = lib.open(encode_plan(sites, offset))
+        self.instrument = self.session.instrument()
+        self.arena_bytes, self.dtypes = offset, dtypes
+        self.sites = km.sites
+        self.copied_sites = sorted(self.slots)
+        self._arenas: list[np.ndarray] = []
+        self._free_refs: list[int] = []  # each arena's reference count when nothing else holds it
+        self._addresses: list[int] = []
+
+    def arena(self) -> tuple[np.ndarray | None, int]:
+        """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
+        nothing anyone can read), and its address; a new one when all are held.  Reused memory
+        is already paged in, which is what lets copies run at memcpy speed."""
+        if not self.arena_bytes:
+            return None, 0
+        for i in range(len(self._arenas)):
+            if _references(self._arenas[i]) == self._free_refs[i]:
+                return self._arenas[i], self._addresses[i]
+        if len(self._arenas) == self._POOL:  # all held: a one-off
+            fresh = np.empty(self.arena_bytes, dtype=np.uint8)
+            return fresh, fresh.__array_interface__["data"][0]
+        self._arenas.append(np.empty(self.arena_bytes, dtype=np.uint8))
+        self._free_refs.append(_references(self._arenas[-1]))  # held by the pool alone
+        self._addresses.append(self._arenas[-1].__array_interface__["data"][0])
+        return self._arenas[-1], self._addresses[-1]
+
+
+def _references(array: np.ndarray) -> int:
+    """``array``'s reference count, measured the same way for the pool and its baseline."""
+    return sys.getrefcount(array)
+
+
+class _NativeCalls:
+    """One run under the native instrument: ``with calls:`` wraps the VM run (begin, then read
+    the session's buffers back); :meth:`finish` fills the Capture.
+
+    Ctrl-C needs no deferral here: the instrument lets Python's SIGINT handler run now and then,
+    and a KeyboardInterrupt it raises stops the VM and reaches Python as itself.
+    """
+
+    def __init__(self, executor: DebugExecutor, prepared: _NativePlan, capture: Capture, sink):
+        self.executor, self.prepared, self.capture, self.sink = executor, prepared, capture, sink
+        self.failure: BaseException | None = None
+        self.arena: np.ndarray | None = None
+        self.stats: list[int] = []
+        self._events = sink is not None or bool(prepared.untracked)
+
+    def __enter__(self) -> "_NativeCalls":
+        prepared = self.prepared
+        self.executor.install(prepared.instrument, key=prepared.session.id)
+        self.arena, address = prepared.arena()
+        prepared.session.begin(address, self._on_event if self._events else None)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        session = self.prepared.session
+        if self._events:
+            session.end()
+        self.stats = session.stats.tolist()
+
+    def _on_event(self, kind: int, site: int, *tensors) -> None:
+        """Python's part during the run: untracked inputs (0) and streamed outputs (1)."""
+        try:
+            arrays = [t.numpy() for t in tensors]
+            if kind == 0:
+                self.capture.untracked_inputs[site] = dict(zip(self.prepared.untracked[site], arrays))
+            else:
+                self.sink(site, arrays)
+        except BaseException as err:
+            self.failure = err
+            raise
+
+    def reraise(self) -> None:
+        if self.failure is not None:
+            raise self.failure from None
+        if self.stats and self.stats[STOPPED]:
+            raise TVMBehaviourChanged(f"{self.prepared.session.error()}; this TVM version behaves "
+                                      "differently from the ones tvm_probe supports") from None
+
+    def finish(self) -> None:
+        prepared, capture, stats = self.prepared, self.capture, self.stats
+        starts, durations = prepared.session.times.tolist()
+        if stats[CALLED] == len(durations):  # the usual case: dicts made in C
+            capture.start_us, capture.time_us = dict(enumerate(starts)), dict(enumerate(durations))
+            copied = prepared.slots
+        else:
+            called = [i for i, d in enumerate(durations) if d == d]  # NaN: not called
+            capture.start_us = {i: starts[i] for i in called}
+            capture.time_us = {i: durations[i] for i in called}
+            copied = {i: prepared.slots[i] for i in prepared.copied_sites if i in capture.time_us}
+        capture.copied_bytes = stats[COPIED_BYTES]
+        if self.arena is not None:
+            capture.outputs = ArenaOutputs(self.arena, copied, prepared.dtypes)
+        if stats[UNEXPECTED] or stats[CALLED] < len(durations):
+            missing = [s for s in prepared.sites if s.index not in capture.time_us and not s.is_view]
+            if stats[UNEXPECTED] or missing:
+                raise _behaviour_changed(prepared.session.unexpected(), missing)
+
+
+class ArenaOutputs(Mapping):
+    """Node outputs the native instrument copied: numpy views of one arena, made when read.
+
+    Making ~100 small arrays costs more than a sub-millisecond run, so a view is made the first
+    time a site is read.  Each view keeps the arena alive, and an arena is reused only when
+    nothing (no ArenaOutputs, no view) refers to it any more.
+
+    Args:
+        arena: the bytes.
+        slots: site → its outputs' :class:`~tvm_probe.native.Slot` in the arena, for every site
+            copied in this run (in site order).
+        dtypes: dtype name → numpy dtype.
+    """
+
+    def __init__(self, arena: np.ndarray, slots: dict[int, tuple], dtypes: dict):
+        self._arena, self._slots, self._dtypes = arena, slots, dtypes
+        self._views: dict[int, list[np.ndarray]] = {}
+
+    def __getitem__(self, site: int) -> list[np.ndarray]:
+        views = self._views.get(site)
+        if views is None:
+            views = self._views[site] = [
+                self._arena[s.offset: s.offset + s.nbytes].view(self._dtypes[s.dtype]).reshape(s.shape)
+                for s in self._slots[site]]  # KeyError for a site not copied
+        return views
+
+    def __contains__(self, site) -> bool:
+        return site in self._slots
+
+    def __iter__(self):
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)

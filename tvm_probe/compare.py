@@ -1,25 +1,32 @@
-"""Compare stage: TVM values against reference values, per source name.
+"""Compare stage: TVM values against reference values, per source name — every value accounted for.
 
-Metrics per value: max abs error, max rel error, mean abs error, cosine similarity, SNR (dB),
-NaN/Inf counts on both sides, and pass/fail against ``atol + rtol * |ref|`` (numpy's
-``allclose`` rule).  :attr:`Comparison.first_divergent` is the earliest value, in source
-order (which is topological), that fails — every value it was computed from passed: where to
-start looking.  :attr:`Comparison.first_nonfinite` is the earliest value where TVM produced
-NaN/Inf the reference does not have; :meth:`Results.first_nonfinite` finds the first NaN/Inf of
-a run without any reference.
+Every value the comparison is asked about ends in exactly one of four places:
+
+* **passed** / **diverged** — compared with the reference under the rule of
+  :mod:`tvm_probe.tolerance` (NaN agrees with NaN, ±inf only with the same infinity; a NaN or
+  infinity on one side only is a divergence, described in the value's ``note``);
+* **unchecked** — asked for but not compared (not served, not captured, no reference value),
+  with the reason: this is *not* a pass;
+* **dead code** — no model output depends on it in the source graph, so the compiled model
+  need not compute it: listed, not a failure.
+
+A comparison is truthy only when nothing diverged and nothing was left unchecked.  Metrics per
+value: max abs / max rel / mean abs error and cosine similarity and SNR over the elements both
+sides hold as finite numbers, NaN/Inf counts on both sides.  :attr:`Comparison.first_divergent`
+is the earliest diverging value in source (topological) order: where to start looking.
+:attr:`Comparison.first_nonfinite` is the earliest value whose NaN/Inf differ from the
+reference's — TVM adding them or dropping them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
-from .results import Results
+from .errors import ProbeError
 from .sources import Kind, Served
-
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-3
+from .tolerance import Tolerance, default_tolerance, within
 
 
 @dataclass
@@ -29,6 +36,8 @@ class ValueComparison:
     key: str
     name: str
     served: str
+    dtype: str
+    tolerance: str
     max_abs: float
     max_rel: float
     mean_abs: float
@@ -39,116 +48,239 @@ class ValueComparison:
     nan_ref: int
     inf_ref: int
     passed: bool
+    nonfinite_differ: bool = False
     note: str = ""
+
+    def describe(self) -> str:
+        """What is wrong, in a few words: the note (shape, NaN/Inf), else the error."""
+        return self.note or f"max abs error {self.max_abs:.3g}"
 
 
 @dataclass
 class Comparison:
-    """All compared values; truthy when every one passed."""
+    """Every value asked about, by outcome; truthy when all were compared and passed."""
 
     values: list[ValueComparison] = field(default_factory=list)
+    unchecked: dict[str, str] = field(default_factory=dict)  # key → why it was not compared
+    dead: dict[str, str] = field(default_factory=dict)       # key → display name (dead code)
+    names: dict[str, str] = field(default_factory=dict)      # key → display name, for messages
+    tolerance_rule: str = ""
     first_divergent: ValueComparison | None = None
-    first_nonfinite: ValueComparison | None = None  # first value where TVM has NaN/Inf and the reference not
-    skipped: dict[str, str] = field(default_factory=dict)  # key → why it was not compared
+    first_nonfinite: ValueComparison | None = None
 
     def __bool__(self) -> bool:
-        return all(v.passed for v in self.values)
+        return not self.failed and not self.unchecked
 
     @property
     def failed(self) -> list[ValueComparison]:
         return [v for v in self.values if not v.passed]
 
+    def add(self, cmp: ValueComparison) -> None:
+        """Record one compared value (in source order: the first failure is the first divergent)."""
+        self.values.append(cmp)
+        self.names[cmp.key] = cmp.name
+        if not cmp.passed and self.first_divergent is None:
+            self.first_divergent = cmp
+        if cmp.nonfinite_differ and self.first_nonfinite is None:
+            self.first_nonfinite = cmp
+
     def table(self):
-        """DataFrame, one row per compared value, in source order."""
+        """DataFrame: one row per value asked about, in source order, with its ``status``."""
         import pandas as pd
 
-        return pd.DataFrame([v.__dict__ for v in self.values])
+        rows = [{**v.__dict__, "status": "passed" if v.passed else "diverged"} for v in self.values]
+        rows += [{"key": k, "name": self.names.get(k, k), "status": "unchecked", "note": why}
+                 for k, why in self.unchecked.items()]
+        rows += [{"key": k, "name": name, "status": "dead code",
+                  "note": "no model output depends on it: the compiled model need not compute it"}
+                 for k, name in self.dead.items()]
+        columns = [f for f in ValueComparison.__dataclass_fields__] + ["status"]
+        return pd.DataFrame(rows, columns=columns)
 
     def verdict(self) -> str:
-        """One line: how many values passed and, when some did not, where divergence starts."""
+        """One line accounting for every value: passed, diverged (where first), unchecked, dead code."""
         n, bad = len(self.values), len(self.failed)
-        if not bad:
-            return f"all {n} compared values within tolerance"
-        first = self.first_divergent
-        where = (f"; first divergent op: {first.name} (max abs error {first.max_abs:.3g})"
-                 if first else "")
-        nonfinite = self.first_nonfinite
-        if nonfinite is not None:
-            where += (f"; first NaN/Inf: {nonfinite.name} ({nonfinite.nan_tvm} NaN, "
-                      f"{nonfinite.inf_tvm} Inf)")
-        return f"{bad} of {n} compared values out of tolerance{where}"
+        parts = []
+        if bad:
+            first = self.first_divergent
+            parts.append(f"{bad} of {n} compared values out of tolerance; first divergent op: "
+                         f"{first.name} ({first.describe()})")
+            if self.first_nonfinite is not None and self.first_nonfinite is not first:
+                nf = self.first_nonfinite
+                parts.append(f"first NaN/Inf difference: {nf.name} ({nf.note})")
+        elif n:
+            parts.append(f"all {n} compared values within tolerance")
+        else:
+            parts.append("no value was compared")
+        if self.unchecked:
+            key, why = next(iter(self.unchecked.items()))
+            parts.append(f"{len(self.unchecked)} value{'s' if len(self.unchecked) > 1 else ''} asked for "
+                         f"but not checked (first: {self.names.get(key, key)}: {why})")
+        if self.dead:
+            parts.append(f"{len(self.dead)} dead-code value{'s' if len(self.dead) > 1 else ''} not computed")
+        if self.tolerance_rule:
+            parts.append(self.tolerance_rule)
+        return ("" if self else "FAIL: ") + "; ".join(parts)
 
 
+# -- one value ---------------------------------------------------------------------------------
 def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.ndarray,
-                   atol: float, rtol: float) -> ValueComparison:
-    """Metrics of ``got`` against ``ref`` (see module docstring)."""
-    g = np.asarray(got)
-    r = np.asarray(ref)
-    counts = dict(nan_tvm=int(np.isnan(g).sum()) if g.dtype.kind == "f" else 0,
-                  inf_tvm=int(np.isinf(g).sum()) if g.dtype.kind == "f" else 0,
-                  nan_ref=int(np.isnan(r).sum()) if r.dtype.kind == "f" else 0,
-                  inf_ref=int(np.isinf(r).sum()) if r.dtype.kind == "f" else 0)
+                   tol: Tolerance | None = None) -> ValueComparison:
+    """Metrics of ``got`` against ``ref`` (see module docstring); ``tol`` defaults by dtype."""
+    g, r = np.asarray(got), np.asarray(ref)
+    tol = tol or default_tolerance(r.dtype)
+    counts = {f"{what}_{side}": int(test(a).sum()) if a.dtype.kind in "fc" else 0
+              for side, a in (("tvm", g), ("ref", r)) for what, test in (("nan", np.isnan), ("inf", np.isinf))}
+    base = dict(key=key, name=name, served=served, dtype=str(r.dtype), tolerance=str(tol), **counts)
     if g.shape != r.shape:
-        return ValueComparison(key, name, served, np.inf, np.inf, np.inf, np.nan, -np.inf, **counts,
-                               passed=False, note=f"shape {list(g.shape)} vs reference {list(r.shape)}")
+        return ValueComparison(**base, max_abs=np.inf, max_rel=np.inf, mean_abs=np.inf, cosine=np.nan,
+                               snr_db=-np.inf, passed=False,
+                               note=f"shape {list(g.shape)} where the reference has {list(r.shape)}")
     g64, r64 = g.astype(np.float64), r.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        diff = np.abs(g64 - r64)
-        same_nonfinite = (np.isnan(g64) & np.isnan(r64)) | (np.isinf(g64) & (g64 == r64))
-        diff = np.where(same_nonfinite, 0.0, diff)
-        max_abs = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else 0.0
-        rel = diff / np.maximum(np.abs(r64), np.finfo(np.float64).tiny)
-        max_rel = float(np.max(np.where(diff == 0, 0.0, rel))) if diff.size else 0.0
-        mean_abs = float(np.mean(diff)) if diff.size else 0.0
-        gf, rf = g64.ravel(), r64.ravel()
-        norm = np.linalg.norm(gf) * np.linalg.norm(rf)
-        cosine = float(gf @ rf / norm) if norm > 0 else (1.0 if not gf.any() and not rf.any() else 0.0)
-        noise = float(np.sum((gf - rf) ** 2))
-        signal = float(np.sum(rf ** 2))
-        snr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
-        passed = bool(np.all(diff <= atol + rtol * np.abs(r64))) if diff.size else True
-    return ValueComparison(key, name, served, max_abs, max_rel, mean_abs, cosine, float(snr),
-                           **counts, passed=passed)
+    ok = within(g, r, tol)
+    nonfinite_note = _nonfinite_difference(g64, r64)
+    finite = np.isfinite(g64) & np.isfinite(r64)
+    gf, rf = g64[finite], r64[finite]
+    diff = np.abs(gf - rf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(rf), np.finfo(np.float64).tiny))
+    norm = np.linalg.norm(gf) * np.linalg.norm(rf)
+    cosine = float(gf @ rf / norm) if norm > 0 else (1.0 if not gf.any() and not rf.any() else 0.0)
+    noise, signal = float(np.sum((gf - rf) ** 2)), float(np.sum(rf ** 2))
+    snr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
+    return ValueComparison(
+        **base, max_abs=float(diff.max()) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
+        mean_abs=float(diff.mean()) if diff.size else 0.0, cosine=cosine, snr_db=float(snr),
+        passed=bool(ok.all()), nonfinite_differ=bool(nonfinite_note), note=nonfinite_note)
 
 
-def compare(results: Results, reference: Mapping[str, np.ndarray], atol: float = DEFAULT_ATOL,
-            rtol: float = DEFAULT_RTOL, keys=None, tolerance_for=None, progress=None) -> Comparison:
-    """Compare every runtime value of ``results`` that ``reference`` has (by tensor name).
+def _nonfinite_difference(g: np.ndarray, r: np.ndarray) -> str:
+    """Where one side has NaN/Inf and the other something else, in words ('' when they agree)."""
+    cases = [
+        (np.isnan(r) & ~np.isnan(g), lambda m: f"TVM gives {_values(g[m])} where the reference has NaN"),
+        (np.isnan(g) & ~np.isnan(r), lambda m: f"TVM gives NaN where the reference has {_values(r[m])}"),
+        (np.isinf(r) & ~np.isnan(g) & (g != r),
+         lambda m: f"TVM gives {_values(g[m])} where the reference has {_values(r[m])}"),
+        (np.isinf(g) & np.isfinite(r), lambda m: f"TVM gives {_values(g[m])} where the reference is finite"),
+    ]
+    return "; ".join(f"{describe(mask)} at {int(mask.sum())} of {g.size} elements"
+                     for mask, describe in cases if mask.any())
 
-    Inputs and weights are not compared (they are what was fed); values the run cannot serve
-    are listed in ``skipped`` with the reason.
+
+def _values(a: np.ndarray) -> str:
+    """A few words for the values at some positions: the value itself when they are all one."""
+    if a.size and (np.isnan(a).all() or (a == a.flat[0]).all()):
+        v = float(a.flat[0])
+        return "NaN" if np.isnan(v) else {np.inf: "+inf", -np.inf: "-inf"}.get(v, f"{v:g}")
+    return "finite values" if np.isfinite(a).all() else "other values"
+
+
+# -- every value -------------------------------------------------------------------------------
+class ResultsReference(Mapping):
+    """Another run as the reference — a second TVM build (pipeline, target, dtype, version) or its
+    dump — lined up by source name: ``{tensor name: value}`` over what it serves."""
+
+    def __init__(self, results):
+        self.results = results
+        self.why_missing: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.results.sources_map:
+            raise KeyError(key)
+        try:
+            return self.results.get_tensor(key)
+        except ProbeError as err:
+            self.why_missing[key] = f"the reference run does not serve it ({err})"
+            raise KeyError(key) from None
+
+    def __contains__(self, key) -> bool:
+        return key in self.results.sources_map
+
+    def __iter__(self):
+        return iter(self.results.sources_map.values)
+
+    def __len__(self) -> int:
+        return len(self.results.sources_map)
+
+
+def compare(results, reference, atol: float | None = None,
+            rtol: float | None = None, keys=None, tolerance_for: Callable | None = None,
+            progress=None) -> Comparison:
+    """Compare every value of ``results`` asked about with ``reference`` (keyed by tensor name).
+
+    ``reference`` is ``{tensor name: array}`` (onnxruntime, PyTorch, TFLite values) or another
+    run of the same source model — a Probe or a dump of another TVM build — lined up by source
+    name whatever its kernels (:class:`ResultsReference`).
+
+    Inputs and weights are not compared (they are what was fed).  Every other value asked about
+    is compared, or listed as unchecked (with why) or dead code — see the module docstring.
 
     Args:
-        atol, rtol: the tolerance of every value, unless ``tolerance_for(names)`` (given the
-            value's names) returns an object with ``atol`` and ``rtol`` for it.
-        keys: compare only these tensor names.
+        results: a :class:`~tvm_probe.Probe` after ``run``, or a dump from ``load_dump``.
+        reference: ``{tensor name: array}``, e.g. from ``onnxruntime_values``, or a Results.
+        atol, rtol: one tolerance for every value; defaults by dtype
+            (:func:`tvm_probe.tolerance.default_tolerance`).
+        keys: the tensor names asked about (default: every computed value).
+        tolerance_for: ``tolerance_for(names)`` → a Tolerance for a value with these names, or
+            None to use the default (per-pattern tolerances of a config).
         progress: called as ``progress(done, total)`` while comparing.
     """
-    from .errors import ProbeError
+    from .results import Results
 
+    if isinstance(reference, Results):
+        _check_same_model(results, reference)
+        reference = ResultsReference(reference)
     out = Comparison()
-    todo = [v for v in results.sources_map
-            if (keys is None or v.key in keys) and v.kind not in (Kind.INPUT, Kind.PARAM) and v.key in reference]
-    for done, value in enumerate(todo):
+    asked = [v for v in results.sources_map if v.kind not in (Kind.INPUT, Kind.PARAM)
+             and (keys is None or v.key in keys)]
+    dtypes = set()
+    for done, value in enumerate(asked):
         if progress is not None:
-            progress(done, len(todo))
+            progress(done, len(asked))
+        out.names[value.key] = value.display_name
         if value.served is Served.UNAVAILABLE:
-            out.skipped[value.key] = "not computed by the compiled module"
+            out.dead[value.key] = value.display_name
             continue
         try:
-            got = results._value(value.key)
-        except ProbeError as err:
-            out.skipped[value.key] = str(err)
+            ref = np.asarray(reference[value.key])
+        except KeyError:
+            out.unchecked[value.key] = getattr(reference, "why_missing", {}).get(
+                value.key, "the reference has no value for it")
             continue
-        tol = tolerance_for(value.names) if tolerance_for else None
-        cmp = compare_arrays(value.key, value.display_name, value.served.value if value.served else "",
-                             got, reference[value.key], tol.atol if tol else atol, tol.rtol if tol else rtol)
-        out.values.append(cmp)
-        if not cmp.passed and out.first_divergent is None:
-            # Source order is topological (ONNX requires it), so the first failure is a value
-            # whose inputs all passed.
-            out.first_divergent = cmp
-        new_nonfinite = cmp.nan_tvm + cmp.inf_tvm > cmp.nan_ref + cmp.inf_ref
-        if new_nonfinite and out.first_nonfinite is None:
-            out.first_nonfinite = cmp
+        try:
+            got = results.get_tensor(value.key)
+        except ProbeError as err:
+            out.unchecked[value.key] = f"not served: {err}"
+            continue
+        tol = (tolerance_for(value.names) if tolerance_for else None) or (
+            Tolerance(atol if atol is not None else default_tolerance(ref.dtype).atol,
+                      rtol if rtol is not None else default_tolerance(ref.dtype).rtol))
+        dtypes.add(str(ref.dtype))
+        out.add(compare_arrays(value.key, value.display_name, value.served.value if value.served else "",
+                               got, ref, tol))
+    out.tolerance_rule = _rule(atol, rtol, dtypes, tolerance_for is not None)
     return out
+
+
+def _check_same_model(a, b) -> None:
+    """Two runs line up by source name only when they are runs of one source model."""
+    hash_a, hash_b = (getattr(r, "model_hash", "") for r in (a, b))
+    if hash_a and hash_b and hash_a != hash_b:
+        raise ProbeError("the two runs are of different models (their model hashes differ): "
+                         "a diff lines up values of one source model")
+    if not (set(a.sources_map.values) & set(b.sources_map.values)):
+        raise ProbeError("the two runs share no source name: a dump TVM's debug executor wrote has only "
+                         "its own node names, which line up only with a dump of the same TVM graph")
+
+
+def _rule(atol, rtol, dtypes, per_pattern: bool) -> str:
+    """How values were judged, for the verdict."""
+    if atol is not None and rtol is not None:
+        rule = f"tolerance atol {atol:g}, rtol {rtol:g}"
+    else:
+        shown = ", ".join(f"{d} {default_tolerance(d)}" for d in sorted(dtypes))
+        rule = f"default tolerance by dtype ({shown})" if shown else ""
+        if atol is not None or rtol is not None:
+            rule += f"; overridden: {'atol ' + format(atol, 'g') if atol is not None else ''}" \
+                    f"{'rtol ' + format(rtol, 'g') if rtol is not None else ''}"
+    return rule + ("; per-pattern tolerances where configured" if per_pattern and rule else "")

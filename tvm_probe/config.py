@@ -3,24 +3,27 @@
 Schema (``configs/example.yaml`` shows every key with comments)::
 
     model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
+                |  {tflite: PATH, shapes: {input: [dims]}}
                 |  {torch: "FILE.py:FUNCTION" or "package.module:FUNCTION"}  (returns (module, example_inputs))
     inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
     target:     llvm
     pipeline:   default | fused
     capture:    all | [NAME or PATTERN, ...]
-    reference:  none | onnxruntime | torch | {runtime: ..., model: PATH, atol: X, rtol: X,
+    reference:  none | onnxruntime | torch | tflite | {runtime: ..., model: PATH, atol: X, rtol: X,
                                       tolerances: {PATTERN: {atol: X, rtol: X}}}
-    output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false}
+                | {tvm: {pipeline: default|fused, target: T}, atol: ..., ...}   (another TVM build)
+                (atol/rtol default by dtype, see tvm_probe.tolerance)
+    output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false, weights: false}
     split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
+    verify:     false | true   (check every served value against an independent unfused build)
 
-Every problem is reported with its file, line and key path, all at once, in one line:
-``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
+Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
+at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
 relative to the config file's folder.  CLI ``--set key.path=value`` overrides go through the
 same validation, so options and YAML keys are one schema.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ProbeError
+from .schema import PIPELINES, REFERENCES, REPORT_FORMATS, name_matches
+from .tolerance import Tolerance
 
-REFERENCES = ("none", "onnxruntime", "torch")
-REPORT_FORMATS = ("csv", "html", "graph")
 DEMO_SIZES = ("num_layers", "hidden", "heads", "intermediate", "seq_len", "vocab", "num_labels",
               "batch", "seed")
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -43,12 +46,13 @@ class ConfigError(ProbeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which model: an ONNX file, the built-in demo with its sizes, or a PyTorch factory."""
+    """Which model: an ONNX or TFLite file, the built-in demo with its sizes, or a PyTorch factory."""
 
     onnx: Path | None = None
     demo: dict | None = None
     shapes: dict = field(default_factory=dict)
     torch: str | None = None   # "file.py:function" (resolved path) or "package.module:function"
+    tflite: Path | None = None
 
     def load_torch(self):
         """``(module, example_inputs)`` from the factory this spec names (a torch model)."""
@@ -73,8 +77,21 @@ class ModelSpec:
                               f"got {type(result).__name__}")
         return result
 
+    @property
+    def kind(self) -> str:
+        """'onnx', 'tflite', 'torch' or 'demo' (an ONNX model built in code)."""
+        return next(k for k in ("onnx", "tflite", "torch") if getattr(self, k) is not None) \
+            if any(getattr(self, k) is not None for k in ("onnx", "tflite", "torch")) else "demo"
+
     def load(self):
-        """The ``onnx.ModelProto`` this spec names (ONNX and demo models)."""
+        """The model this spec names: an ``onnx.ModelProto`` (ONNX and demo), the parsed TFLite
+        model, or ``(module, example_inputs)`` for a PyTorch factory."""
+        if self.torch is not None:
+            return self.load_torch()
+        if self.tflite is not None:
+            from .importer.tflite import load_tflite
+
+            return load_tflite(self.tflite)
         if self.onnx is not None:
             from .importer.onnx import load_onnx
 
@@ -93,6 +110,8 @@ class ModelSpec:
             return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
         if self.torch is not None:
             return {"torch": self.torch}
+        if self.tflite is not None:
+            return {"tflite": str(self.tflite.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
         return {"demo": dict(self.demo or {})}
 
 
@@ -122,26 +141,26 @@ class InputSource:
 
 
 @dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-
-@dataclass(frozen=True)
 class ReferenceSpec:
-    """The reference runtime and tolerances (per-pattern overrides, first match wins)."""
+    """The reference runtime and tolerances.
+
+    ``atol``/``rtol`` of None mean the default for each value's dtype
+    (:func:`tvm_probe.tolerance.default_tolerance`); per-pattern overrides win, first match first.
+    """
 
     runtime: str = "onnxruntime"
     model: Path | None = None
-    atol: float = 1e-4
-    rtol: float = 1e-3
+    build: dict | None = None   # runtime 'tvm': {pipeline, target} of the reference build
+    atol: float | None = None
+    rtol: float | None = None
     tolerances: tuple[tuple[str, Tolerance], ...] = ()
 
-    def tolerance_for(self, names) -> Tolerance:
+    def tolerance_for(self, names) -> Tolerance | None:
+        """The per-pattern tolerance of a value with these names, or None (use the default)."""
         for pattern, tol in self.tolerances:
-            if any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n, "*/" + pattern) for n in names):
+            if any(name_matches(n, pattern) for n in names):
                 return tol
-        return Tolerance(self.atol, self.rtol)
+        return None
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,7 @@ class OutputSpec:
     report: Path | None = None
     write: tuple[str, ...] = REPORT_FORMATS
     overwrite: bool = False
+    weights: bool = False   # keep the weights in the dump (so `tvm-probe get DUMP <weight>` works)
 
 
 @dataclass(frozen=True)
@@ -172,7 +192,9 @@ class Config:
     reference: ReferenceSpec = ReferenceSpec()
     output: OutputSpec = OutputSpec()
     split: SplitSpec | None = None
+    verify: bool = False    # check every served value against an independent unfused build
     source: Path | None = None
+    overrides: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------ loading
@@ -198,9 +220,10 @@ def load_config(path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the config must be a mapping of keys (model, inputs, ...), "
                           f"not a {type(data).__name__}")
+    overridden = {}
     for item in overrides:
-        _apply_override(data, item, path)
-    return _Validator(path, lines).config(data)
+        overridden[_apply_override(data, item)] = item
+    return _Validator(path, lines, overridden).config(data)
 
 
 def _key_lines(node, prefix=()) -> dict[tuple, int]:
@@ -219,7 +242,8 @@ def _key_lines(node, prefix=()) -> dict[tuple, int]:
     return lines
 
 
-def _apply_override(data: dict, item: str, path: Path) -> None:
+def _apply_override(data: dict, item: str) -> tuple:
+    """Set ``key.path=value`` (the value is YAML) in ``data``; return the key path."""
     import yaml
 
     key, sep, raw = item.partition("=")
@@ -236,6 +260,7 @@ def _apply_override(data: dict, item: str, path: Path) -> None:
         target[parts[-1]] = yaml.safe_load(raw)
     except yaml.YAMLError:
         raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+    return tuple(parts)
 
 
 def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
@@ -255,38 +280,49 @@ def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
 class _Validator:
     """Checks every key of a parsed config, collecting every problem before raising."""
 
-    def __init__(self, path: Path, lines: dict):
+    def __init__(self, path: Path, lines: dict, overridden: dict | None = None):
         self.path, self.lines, self.problems = path, lines, []
+        self.overridden = overridden or {}   # key path → the --set item that set it
         self.base = path.parent
 
     def fail(self, keys: tuple, message: str) -> None:
+        """Record a problem, located by its line in the file or by the --set that made it."""
+        text = f"{'.'.join(map(str, keys)) or '(top)'}: {message}"
+        setter = next((self.overridden[keys[:n]] for n in range(len(keys), 0, -1) if keys[:n] in self.overridden),
+                      None)
+        if setter is not None:
+            self.problems.append((0, f"--set {setter}", text))
+            return
         line = next((self.lines[keys[:n]] for n in range(len(keys), -1, -1) if keys[:n] in self.lines), 1)
-        self.problems.append((line, f"{'.'.join(map(str, keys)) or '(top)'}: {message}"))
+        self.problems.append((line, f"line {line}", text))
 
     def config(self, data: dict) -> Config:
-        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split")
+        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify")
         self.unknown_keys(data, (), known)
         if "model" not in data:
-            self.fail(("model",), "missing: give {onnx: PATH} or {demo: {...}}")
+            self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
         model = self.model(data.get("model")) if "model" in data else None
         cfg = Config(
             model=model or ModelSpec(demo={}),
             inputs=self.inputs(data.get("inputs") or {}),
             target=self.string(data, ("target",), "llvm"),
-            pipeline=self.choice(data, ("pipeline",), ("default", "fused"), "default"),
+            pipeline=self.choice(data, ("pipeline",), PIPELINES, "default"),
             capture=self.capture(data.get("capture", "all")),
             reference=self.reference(data.get("reference", "onnxruntime")),
             output=self.output(data.get("output") or {}),
             split=self.split(data["split"]) if "split" in data else None,
+            verify=self.flag(data, ("verify",)),
             source=self.path,
+            overrides=tuple(self.overridden.values()),
         )
+        self.compatible(cfg)
         if self.problems:
             self.problems.sort()
-            shown = "; ".join(f"line {line}: {msg}" for line, msg in self.problems)
-            count = f"{len(self.problems)} problems" if len(self.problems) > 1 else "1 problem"
             if len(self.problems) == 1:
-                raise ConfigError(f"{self.path}:{self.problems[0][0]}: {self.problems[0][1]}")
-            raise ConfigError(f"{self.path} has {count}: {shown}")
+                line, where, text = self.problems[0]
+                raise ConfigError(f"{where}: {text}" if not line else f"{self.path}:{line}: {text}")
+            shown = "; ".join(f"{where}: {text}" for _, where, text in self.problems)
+            raise ConfigError(f"{self.path} has {len(self.problems)} problems: {shown}")
         return cfg
 
     # -- helpers ------------------------------------------------------------------------------
@@ -315,12 +351,30 @@ class _Validator:
             return default
         return value
 
-    def number(self, data: dict, keys: tuple, default: float) -> float:
+    def number(self, data: dict, keys: tuple, default: float | None) -> float | None:
         value = data.get(keys[-1], default)
+        if value is None and default is None:
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             self.fail(keys, f"must be a number >= 0, got {value!r}")
             return default
         return float(value)
+
+    def flag(self, data: dict, keys: tuple, default: bool = False) -> bool:
+        value = data.get(keys[-1], default)
+        if not isinstance(value, bool):
+            self.fail(keys, f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def compatible(self, cfg: Config) -> None:
+        """What the sections say together: checked now, not after a long compile."""
+        kind = "torch" if cfg.model.torch else "tflite" if cfg.model.tflite else "onnx"
+        fits = {"torch": "torch", "tflite": "tflite", "onnx": "onnxruntime"}[kind]
+        runtime = cfg.reference.runtime
+        if runtime not in ("none", "tvm", fits):
+            what = {"torch": "a PyTorch", "tflite": "a TFLite", "onnx": "an ONNX"}[kind]
+            self.fail(("reference",), f"{runtime!r} cannot run {what} model: use reference: {fits}")
 
     def resolve(self, value: str) -> Path:
         """A config path: relative ones are relative to the config file's folder."""
@@ -349,13 +403,15 @@ class _Validator:
         keys = ("model",)
         if self.mapping(value, keys) is None:
             return None
-        self.unknown_keys(value, keys, ("onnx", "demo", "torch", "shapes"))
-        if sum(k in value for k in ("onnx", "demo", "torch")) != 1:
-            self.fail(keys, "give exactly one of 'onnx: PATH', 'demo: {...}' or 'torch: FILE.py:FUNCTION'")
+        self.unknown_keys(value, keys, ("onnx", "tflite", "demo", "torch", "shapes"))
+        if sum(k in value for k in ("onnx", "tflite", "demo", "torch")) != 1:
+            self.fail(keys, "give exactly one of 'onnx: PATH', 'tflite: PATH', 'demo: {...}' or "
+                            "'torch: FILE.py:FUNCTION'")
             return None
         if "torch" in value:
             return self.torch_model(value["torch"], keys + ("torch",))
-        if "onnx" in value:
+        if "onnx" in value or "tflite" in value:
+            kind = "onnx" if "onnx" in value else "tflite"
             shapes = value.get("shapes") or {}
             if self.mapping(shapes, keys + ("shapes",)) is None:
                 shapes = {}
@@ -365,7 +421,7 @@ class _Validator:
                     self.fail(keys + ("shapes", name), f"must be a list of positive integers, got {dims!r}")
                 else:
                     clean[name] = tuple(dims)
-            return ModelSpec(onnx=self.existing_file(value["onnx"], keys + ("onnx",)), shapes=clean)
+            return ModelSpec(shapes=clean, **{kind: self.existing_file(value[kind], keys + (kind,))})
         demo = value["demo"] or {}
         if self.mapping(demo, keys + ("demo",)) is None:
             return None
@@ -436,8 +492,11 @@ class _Validator:
             value = {"runtime": value or "none"}
         if self.mapping(value, keys) is None:
             return ReferenceSpec()
-        self.unknown_keys(value, keys, ("runtime", "model", "atol", "rtol", "tolerances"))
-        runtime = self.choice(value, keys + ("runtime",), REFERENCES, "onnxruntime")
+        self.unknown_keys(value, keys, ("runtime", "model", "tvm", "atol", "rtol", "tolerances"))
+        build = self.reference_build(value["tvm"], keys + ("tvm",)) if "tvm" in value else None
+        runtime = "tvm" if build is not None else self.choice(value, keys + ("runtime",), REFERENCES, "onnxruntime")
+        if runtime == "tvm" and build is None:
+            build = {"pipeline": "default", "target": "llvm"}
         model = self.existing_file(value["model"], keys + ("model",)) if "model" in value else None
         tolerances = []
         per = value.get("tolerances") or {}
@@ -447,29 +506,36 @@ class _Validator:
                 if self.mapping(tol, here) is None:
                     continue
                 self.unknown_keys(tol, here, ("atol", "rtol"))
-                tolerances.append((str(pattern), Tolerance(self.number(tol, here + ("atol",), 1e-4),
-                                                           self.number(tol, here + ("rtol",), 1e-3))))
-        return ReferenceSpec(runtime=runtime, model=model, atol=self.number(value, keys + ("atol",), 1e-4),
-                             rtol=self.number(value, keys + ("rtol",), 1e-3), tolerances=tuple(tolerances))
+                tolerances.append((str(pattern), Tolerance(self.number(tol, here + ("atol",), 0.0),
+                                                           self.number(tol, here + ("rtol",), 0.0))))
+        return ReferenceSpec(runtime=runtime, model=model, build=build,
+                             atol=self.number(value, keys + ("atol",), None),
+                             rtol=self.number(value, keys + ("rtol",), None), tolerances=tuple(tolerances))
+
+    def reference_build(self, value, keys: tuple) -> dict | None:
+        """``tvm: {pipeline, target}``: another TVM build of the same model as the reference."""
+        value = value or {}
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("pipeline", "target"))
+        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, "default"),
+                "target": self.string(value, keys + ("target",), "llvm")}
 
     def output(self, value) -> OutputSpec:
         keys = ("output",)
         if self.mapping(value, keys) is None:
             return OutputSpec()
-        self.unknown_keys(value, keys, ("dump", "report", "write", "overwrite"))
+        self.unknown_keys(value, keys, ("dump", "report", "write", "overwrite", "weights"))
         write = value.get("write", list(REPORT_FORMATS))
         if isinstance(write, str):
             write = [write]
         if not isinstance(write, list) or any(w not in REPORT_FORMATS for w in write):
             self.fail(keys + ("write",), f"must be a list of {', '.join(REPORT_FORMATS)}, got {write!r}")
             write = list(REPORT_FORMATS)
-        overwrite = value.get("overwrite", False)
-        if not isinstance(overwrite, bool):
-            self.fail(keys + ("overwrite",), f"must be true or false, got {overwrite!r}")
-            overwrite = False
         return OutputSpec(dump=self.out_dir(value.get("dump"), keys + ("dump",)),
                           report=self.out_dir(value.get("report"), keys + ("report",)),
-                          write=tuple(write), overwrite=overwrite)
+                          write=tuple(write), overwrite=self.flag(value, keys + ("overwrite",)),
+                          weights=self.flag(value, keys + ("weights",)))
 
     def split(self, value) -> SplitSpec | None:
         keys = ("split",)

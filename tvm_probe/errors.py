@@ -1,13 +1,15 @@
 """The error types of tvm_probe.
 
-Two families, kept apart on purpose:
+Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_probe.schema.Exit`):
 
-* :class:`ProbeError` and its subclasses are *user* errors: a bad model file, bad inputs, an
-  unknown name, a damaged dump.  Each message is one line that names the problem and says what
-  to do; the CLI prints it without a traceback and exits with status 2.
+* :class:`ProbeError` and its subclasses are one-line errors about the user's material: a bad
+  model file, bad inputs, an unknown name, a damaged dump.  Each names the problem and says what
+  to do; the CLI prints it without a traceback and exits with status 2 —
+* except :class:`TVMError`, a ProbeError too: TVM itself cannot import, compile or run the
+  model.  The message carries TVM's own words and the source ops concerned; exit status 4.
 * :class:`TVMBehaviourChanged` is *our* problem: TVM did something this version of tvm_probe
   does not understand (usually after a TVM upgrade).  It is not a ProbeError, so it is never
-  mistaken for a user mistake.
+  mistaken for a user mistake (exit status 3).
 """
 from __future__ import annotations
 
@@ -23,12 +25,24 @@ class ModelError(ProbeError):
     """The model file is missing, unreadable or not a model tvm_probe can import."""
 
 
-class UnsupportedOpError(ModelError):
+class TVMError(ProbeError):
+    """TVM cannot import, compile or run the model; the message names where, in source terms."""
+
+
+class UnsupportedOpError(ModelError, TVMError):
     """TVM's importer cannot convert a node of the model."""
 
 
 class PipelineError(ProbeError):
     """The requested compilation pipeline or target is not usable."""
+
+
+class TVMCompileError(PipelineError, TVMError):
+    """The pipeline or the build failed on this model (TVM's message and the source ops named)."""
+
+
+class TVMRunError(TVMError):
+    """The compiled model failed while running."""
 
 
 class InputError(ProbeError):

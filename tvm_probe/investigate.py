@@ -1,9 +1,11 @@
-"""One investigation, as a YAML config describes it: model → probe run → dump → compare → report.
-
-This is what ``tvm-probe run CONFIG`` does; it is usable from Python too::
+"""Investigations as a YAML config describes them — what each ``tvm-probe`` command does.
 
     outcome = investigate(load_config("configs/demo.yaml"))
     outcome.comparison.verdict(); outcome.exit_code
+
+Each function takes plain values (a Config, a dump reader) and returns plain results; the CLI
+only parses arguments, calls one of them and prints.  Everything that can be checked without
+compiling (the config, input names, capture patterns, the reference) is checked first.
 """
 from __future__ import annotations
 
@@ -12,12 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, ConfigError
-from .errors import NameLookupError
+from .config import Config, ConfigError, ModelSpec
+from .errors import NameLookupError, ProbeError
 from .progress import Progress
-
-# Exit statuses of `tvm-probe` (the CLI adds 3 for internal errors).
-EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+from .schema import Exit
 
 
 @dataclass
@@ -27,33 +27,106 @@ class Outcome:
     probe: object
     inputs: dict[str, np.ndarray]
     comparison: object | None = None
+    verification: object | None = None
     dump: Path | None = None
     report: dict[str, Path] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
-        """0 when every compared value is within tolerance (or nothing was compared), else 1."""
-        return EXIT_OK if self.comparison is None or self.comparison else EXIT_DIVERGED
+        """INTERNAL when verification found a tvm_probe problem; DIVERGED when a value diverged
+        or was asked for and left unchecked; else OK."""
+        if self.verification is not None and not self.verification:
+            return Exit.INTERNAL
+        if self.comparison is not None and not self.comparison:
+            return Exit.DIVERGED
+        return Exit.OK
 
 
-def investigate(config: Config, progress: Progress | None = None) -> Outcome:
-    """Run the investigation ``config`` describes (see the module docstring)."""
-    progress = progress or Progress(enabled=False)
-    model = config.model.load_torch() if config.model.torch else config.model.load()
-    probe, inputs = config_inputs(config, model, progress)
-    capture = config.capture if config.capture is None or config.capture == "all" else list(config.capture)
-    with progress.stage("run"):
+# -- models ------------------------------------------------------------------------------------
+def import_model(spec: ModelSpec, model):
+    """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
+    if spec.kind == "torch":
+        from .importer.torch import import_torch
+
+        return import_torch(*model)
+    if spec.kind == "tflite":
+        from .importer.tflite import import_tflite
+
+        return import_tflite(model, dict(spec.shapes))
+    from .importer.onnx import import_onnx
+
+    return import_onnx(model, dict(spec.shapes))
+
+
+def build_probe(config: Config, model, progress: Progress):
+    """Import ``model``, check the config against it, compile it; return the probe and inputs."""
+    from .probe import Probe
+
+    with progress.stage("import"):
+        imported = import_model(config.model, model)
+    inputs = _inputs(config, imported, model)
+    _check_capture(config, imported)
+    with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
+        probe = Probe.from_imported(imported, config.target, config.pipeline)
+    return probe, inputs
+
+
+def _check_capture(config: Config, imported) -> None:
+    """Every capture pattern names something in this model (before the long compile)."""
+    from .names import NameIndex
+
+    if config.capture in (None, "all"):
+        return
+    index = NameIndex(imported.sources)
+    for pattern in config.capture:
         try:
-            probe.run(inputs, capture=capture)
-        except NameLookupError as err:  # a capture pattern that names nothing in this model
+            index.match(pattern)
+        except NameLookupError as err:
             raise ConfigError(f"{config.source}: capture: {err}") from None
+
+
+def _inputs(config: Config, imported, model) -> dict[str, np.ndarray]:
+    """Inputs from the config; the demo model or the torch factory fills in what it leaves out."""
+    specs = {s.name: s for s in imported.inputs}
+    given = {src.name: src for src in config.inputs}
+    unknown = [n for n in given if n not in specs]
+    if unknown:
+        raise ConfigError(f"{config.source}: inputs.{unknown[0]}: the model has no such input; "
+                          f"its inputs are {', '.join(specs)}")
+    missing = [n for n in specs if n not in given]
+    defaults = {}
+    if missing and config.model.kind == "torch":  # the factory's example inputs, in input order
+        defaults = {n: np.asarray(t.detach().cpu().numpy()) for n, t in zip(specs, model[1])}
+    elif missing:
+        if config.model.kind != "demo":
+            raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
+                              f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
+        from . import demo
+
+        defaults = demo.demo_inputs(model)
+    return {n: (given[n].load(specs[n]) if n in given else defaults[n]) for n in specs}
+
+
+# -- tvm-probe run -------------------------------------------------------------------------------
+def investigate(config: Config, progress: Progress | None = None) -> Outcome:
+    """Run the investigation ``config`` describes: probe, dump, compare, verify, report."""
+    progress = progress or Progress(enabled=False)
+    model = config.model.load()
+    probe, inputs = build_probe(config, model, progress)
+    capture = config.capture if config.capture in (None, "all") else list(config.capture)
+    with progress.stage("run"):
+        probe.run(inputs, capture=capture)
     outcome = Outcome(probe=probe, inputs=inputs)
     if config.output.dump is not None:
         with progress.stage("dump"):
             outcome.dump = probe.dump(config.output.dump, overwrite=config.output.overwrite,
+                                      include_weights=config.output.weights,
                                       metadata={"model": config.model.describe()})
     if config.reference.runtime != "none":
         outcome.comparison = _compare(config, probe, model, inputs, progress)
+    if config.verify:
+        with progress.stage("verify (independent unfused build)"):
+            outcome.verification = probe.verify(inputs)
     if config.output.report is not None:
         from .report import write_report
 
@@ -63,81 +136,130 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     return outcome
 
 
-def config_inputs(config: Config, model, progress: Progress):
-    """Import and compile ``model`` as ``config`` says; return the probe and the run's inputs.
-
-    ``model`` is an ``onnx.ModelProto``, or ``(module, example_inputs)`` for a torch config.
-    """
-    from .build import compile_with_snapshots
-    from .kernel_map import build_kernel_map
-    from .probe import Probe
-
-    with progress.stage("import"):
-        if config.model.torch:
-            from .importer.torch import import_torch
-
-            imported = import_torch(*model)
-        else:
-            from .importer.onnx import import_onnx
-
-            imported = import_onnx(model, dict(config.model.shapes))
-    with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
-        built = compile_with_snapshots(imported.mod, config.target, config.pipeline)
-        probe = Probe(imported, built, build_kernel_map(imported, built.snapshots))
-    return probe, _inputs(config, probe, model)
-
-
-def _inputs(config: Config, probe, model) -> dict[str, np.ndarray]:
-    """Inputs from the config; the demo model fills in what the config leaves out."""
-    specs = {s.name: s for s in probe.inputs}
-    given = {src.name: src for src in config.inputs}
-    unknown = [n for n in given if n not in specs]
-    if unknown:
-        raise ConfigError(f"{config.source}: inputs.{unknown[0]}: the model has no such input; "
-                          f"its inputs are {', '.join(specs)}")
-    missing = [n for n in specs if n not in given]
-    defaults = {}
-    if missing and config.model.torch:  # the factory's example inputs, in input order
-        defaults = {n: np.asarray(t.detach().cpu().numpy()) for n, t in zip(specs, model[1])}
-    elif missing:
-        if config.model.demo is None:
-            raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
-                              f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
-        from . import demo
-
-        defaults = demo.demo_inputs(model)
-    return {n: (given[n].load(specs[n]) if n in given else defaults[n]) for n in specs}
-
-
 def _compare(config: Config, probe, model, inputs, progress):
     from .compare import compare
 
-    ref_spec = config.reference
-    with progress.stage(f"reference ({ref_spec.runtime})"):
-        reference = reference_values(ref_spec, model, inputs)
+    spec = config.reference
+    with progress.stage(f"reference ({spec.runtime})"):
+        reference = (reference_build(probe, spec.build, inputs) if spec.runtime == "tvm"
+                     else reference_values(spec, model, inputs))
     with progress.stage("compare") as stage:
-        return compare(probe, reference, atol=ref_spec.atol, rtol=ref_spec.rtol,
-                       tolerance_for=ref_spec.tolerance_for if ref_spec.tolerances else None,
-                       progress=stage.update)
+        return compare(probe, reference, atol=spec.atol, rtol=spec.rtol, keys=probe.captured_keys,
+                       tolerance_for=spec.tolerance_for if spec.tolerances else None, progress=stage.update)
+
+
+def reference_build(probe, build: dict, inputs):
+    """The same imported model built again as ``build`` says (pipeline, target), run on ``inputs``."""
+    from .probe import Probe
+
+    other = Probe.from_imported(probe.imported, build["target"], build["pipeline"])
+    other.run(inputs)
+    return other
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
     """Reference values for every source value, from the runtime ``ref_spec`` names.
 
-    ``model`` is an ``onnx.ModelProto`` or, for torch configs, ``(module, example_inputs)``.
+    ``model`` is what :meth:`ModelSpec.load` returned; the config checked that they fit.
     """
-    is_torch = isinstance(model, tuple)
-    if ref_spec.runtime == "onnxruntime" and not is_torch:
-        from .reference.onnxruntime import onnxruntime_values
-
-        return onnxruntime_values(ref_spec.model or model, inputs)
-    if ref_spec.runtime == "torch" and is_torch:
+    if ref_spec.runtime == "torch":
         import torch
 
         from .reference.torch import torch_values
 
         module, _ = model
         return torch_values(module, tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()))
-    kind = "a PyTorch" if is_torch else "an ONNX"
-    fits = "torch" if is_torch else "onnxruntime"
-    raise ConfigError(f"reference: {ref_spec.runtime!r} cannot run {kind} model: use reference: {fits}")
+    if ref_spec.runtime == "tflite":
+        from .reference.tflite import tflite_values
+
+        return tflite_values(ref_spec.model or model, inputs)
+    from .reference.onnxruntime import onnxruntime_values
+
+    return onnxruntime_values(ref_spec.model or model, inputs)
+
+
+# -- tvm-probe compare DUMP ----------------------------------------------------------------------
+def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
+    """Compare a dump with the reference of the model it records, run on the dump's own inputs.
+
+    ONNX, TFLite and demo dumps are compared with onnxruntime (TFLite: the TFLite interpreter),
+    PyTorch dumps with eager PyTorch.  ``model_path`` (an ONNX file) replaces the recorded model.
+    """
+    from .compare import compare
+
+    if not reader.source_names_known:
+        raise ProbeError("this dump was written by TVM's debug executor: it has no source names to match "
+                         "the reference by; compare a dump written by tvm_probe")
+    spec = _recorded_model(reader, model_path)
+    model = spec.load()
+    imported_hash = _model_hash(spec, model)
+    if reader.model_hash and imported_hash != reader.model_hash:
+        raise ProbeError("the model differs from the one the dump was made with (hash mismatch): "
+                         "give the original with --model PATH")
+    from .config import ReferenceSpec
+
+    runtime = {"torch": "torch", "tflite": "tflite"}.get(spec.kind, "onnxruntime")
+    reference = reference_values(ReferenceSpec(runtime=runtime), model, reader.inputs)
+    return compare(reader, reference, atol=atol, rtol=rtol, keys=reader.captured_keys, progress=progress)
+
+
+def _recorded_model(reader, model_path) -> ModelSpec:
+    if model_path is not None:
+        return ModelSpec(onnx=Path(model_path))
+    described = reader.metadata.get("model")
+    if not described:
+        raise ProbeError("this dump does not record its model: give it with --model PATH")
+    if "torch" in described:
+        return ModelSpec(torch=described["torch"])
+    shapes = {k: tuple(v) for k, v in (described.get("shapes") or {}).items()}
+    for kind in ("onnx", "tflite"):
+        if kind in described:
+            return ModelSpec(shapes=shapes, **{kind: Path(described[kind])})
+    return ModelSpec(demo=described.get("demo") or {})
+
+
+def _model_hash(spec: ModelSpec, model) -> str:
+    """The hash the importer records for ``model`` (what dumps store), without compiling."""
+    return import_model(spec, model).model_hash
+
+
+# -- tvm-probe split -----------------------------------------------------------------------------
+@dataclass
+class SplitOutcome:
+    """What ``tvm-probe split`` produced."""
+
+    plan: object
+    cuts: list[str]
+    evenness: float | None
+    max_difference: float
+    atol: float
+
+    @property
+    def exit_code(self) -> int:
+        return Exit.OK if self.max_difference <= self.atol else Exit.DIVERGED
+
+
+def split_investigation(config: Config, atol: float, progress: Progress) -> SplitOutcome:
+    """Cut the model where ``config.split`` says, verify the chained stages against the whole."""
+    from .split import balance, run_pipeline, split
+
+    if config.split is None:
+        raise ConfigError(f"{config.source}: split: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
+    if config.model.kind not in ("onnx", "demo"):
+        raise ConfigError(f"{config.source}: split: cuts ONNX models into ONNX stages; this is a "
+                          f"{config.model.kind} model: export it to ONNX first")
+    model = config.model.load()
+    probe, inputs = build_probe(config, model, progress)
+    cuts, evenness = list(config.split.cuts), None
+    if config.split.balance:
+        with progress.stage("balance"):
+            cuts, evenness = balance(model, config.split.balance, inputs, config.target, config.pipeline,
+                                     probe=probe)
+    with progress.stage(f"split into {len(cuts) + 1} stages"):
+        plan = split(model, cuts, config.target, config.pipeline, dict(config.model.shapes))
+    with progress.stage("verify"):
+        whole = probe.run(inputs, capture=None)
+        chained = run_pipeline(plan, inputs)
+        plan.measure(inputs)
+    diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]))) for k in whole)
+    return SplitOutcome(plan=plan, cuts=cuts, evenness=evenness, max_difference=diff, atol=atol)

@@ -167,6 +167,15 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
         if var not in runtime.of_var and call_graph is None:
             call_graph = vn.main(snapshots.call_graph)  # FuseTIR made a new Var: it matches nothing
         numbers.append(runtime.of_var.get(var, call_graph.of_var.get(var) if call_graph else None))
+    dead = _dead_vars(main)
+    unused_numbers = set()
+    for site, var in zip(sites, site_vars):
+        if var in dead:
+            # TVM's memory planner ignores what the result does not need: the storage a dead
+            # call reads (or a dead view aliases) may be reused before the VM makes the call, so
+            # what it shows need not be the value.  Place nothing there.
+            unused_numbers.add(numbers[site.index])
+            numbers[site.index] = None
     by_number = _runtime_places(vn, runtime, sites, site_vars, numbers, len(main.params))
 
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
@@ -183,6 +192,9 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             place = _folded_place(trace.var, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
+        elif trace.number in unused_numbers:
+            kmap.lost[key] = ("the compiled module computes it only in a call whose result nothing needs, "
+                              "so the memory it reads may already be reused")
         elif trace.number is not None:
             kmap.lost[key] = "the compiled module computes it outside any kernel call"
         else:
@@ -263,6 +275,20 @@ def _folded_place(var, pre_fold) -> Place | None:
     return Place(PlaceKind.FOLDED, var=var)
 
 
+def _dead_vars(main) -> set:
+    """Vars bound in ``main`` that the result does not need, directly or through other bindings."""
+    from tvm import relax
+
+    live = set(relax.analysis.free_vars(main.body.body))
+    dead = set()
+    for b in reversed(list(_bindings(main))):
+        if b.var in live:
+            live.update(relax.analysis.free_vars(b.value))
+        else:
+            dead.add(b.var)
+    return dead
+
+
 def _runtime_places(vn, runtime, sites, site_vars, numbers, num_params) -> dict[int, Place]:
     """Value number → where it is at run time; outputs first, so a kernel output wins."""
     places: dict[int, Place] = {}
@@ -276,8 +302,8 @@ def _runtime_places(vn, runtime, sites, site_vars, numbers, num_params) -> dict[
                 places.setdefault(vn.terms.tuple_item(number, k), Place(PlaceKind.OUTPUT, site=site.index, output=k))
         else:
             places.setdefault(number, Place(PlaceKind.OUTPUT, site=site.index))
-    for site, var in zip(sites, site_vars):
-        call = runtime.inlined.get(var)
+    for site, var, number in zip(sites, site_vars, numbers):
+        call = runtime.inlined.get(var) if number is not None else None
         for inner, number in (call.inner.items() if call is not None else ()):
             if _is_tensor(inner):
                 places.setdefault(number, Place(PlaceKind.INTERIOR, site=site.index, inner=inner))

@@ -15,7 +15,8 @@ import numpy as np
 
 from .build import BuiltModel, PipelineLike, compile_with_snapshots
 from .capture import Capture, CapturePlan, DebugExecutor
-from .errors import InputError, NotCapturedError, NotRunError, ValueUnavailableError
+from .errors import NotCapturedError, NotRunError, ValueUnavailableError
+from .inputs import check_inputs
 from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from .recompute import Recomputer, evaluate_folded
@@ -47,6 +48,10 @@ class Probe(Results):
     """
 
     def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap):
+        from dataclasses import replace
+
+        # How a value is served belongs to this build: two probes of one import must not share it.
+        imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
         self._executor = DebugExecutor(built, kernel_map)
         self._recomputer = Recomputer(built.target)
@@ -72,9 +77,7 @@ class Probe(Results):
         """
         from .importer.onnx import import_onnx
 
-        imported = import_onnx(model, {k: tuple(v) for k, v in (shapes or {}).items()})
-        built = compile_with_snapshots(imported.mod, target, pipeline)
-        return cls(imported, built, build_kernel_map(imported, built.snapshots))
+        return cls.from_imported(import_onnx(model, {k: tuple(v) for k, v in (shapes or {}).items()}), target, pipeline)
 
     @classmethod
     def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
@@ -90,9 +93,41 @@ class Probe(Results):
         """
         from .importer.torch import import_torch
 
-        imported = import_torch(module, example_inputs)
+        return cls.from_imported(import_torch(module, example_inputs), target, pipeline)
+
+    @classmethod
+    def from_tflite(cls, model, target="llvm", pipeline: PipelineLike = "default",
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> "Probe":
+        """Import a TFLite model (path or bytes) and compile it for ``target``.
+
+        Values answer to their TFLite tensor names, which are TensorFlow's op names
+        (``layer_._0/attention/self/MatMul``); a name the converter merged (``a;b``) answers to
+        each part too.  Needs ``tvm_probe[tflite]``.
+
+        Args:
+            model: a ``.tflite`` path or the file's bytes.
+            target, pipeline: as for :meth:`from_onnx`.
+            shapes: static shapes for inputs, overriding those the model declares.
+        """
+        from .importer.tflite import import_tflite
+
+        return cls.from_imported(import_tflite(model, {k: tuple(v) for k, v in (shapes or {}).items()}), target, pipeline)
+
+    @classmethod
+    def from_imported(cls, imported: ImportedModel, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
+        """Compile a model an importer produced (what the ``from_*`` constructors do after importing)."""
         built = compile_with_snapshots(imported.mod, target, pipeline)
         return cls(imported, built, build_kernel_map(imported, built.snapshots))
+
+    @property
+    def model_hash(self) -> str:
+        """sha256 of the source model (what dumps record to tie themselves to it)."""
+        return self.imported.model_hash
+
+    @property
+    def captured_keys(self) -> set[str] | None:
+        """Keys the last run was asked to capture (``run(capture=[...])``); None: everything."""
+        return None if self._wanted is None else set(self._wanted)
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -156,7 +191,8 @@ class Probe(Results):
         """Run the deployed executable once and capture intermediate values.
 
         Args:
-            inputs: ``{input name: array}`` or a list in :attr:`inputs` order.
+            inputs: ``{input name: array}``, a list in :attr:`inputs` order, or one array for
+                a model with one input.
             capture: ``"all"``; a name, pattern or list of them (then only what those values
                 need is copied: their kernel outputs, or the inputs of the kernels that keep
                 them inside); or ``None`` for no capture at all (per-kernel times only).
@@ -172,7 +208,7 @@ class Probe(Results):
         Returns:
             The model outputs, by output tensor name.
         """
-        arrays = self._check_inputs(inputs, allow_nonfinite)
+        arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
         plan, wanted = self._plan(capture)
         if stream_to is not None:
             self._run_streaming(arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
@@ -192,48 +228,6 @@ class Probe(Results):
             site = node.index - self.num_input_nodes
             node.time_us = capture.time_us.get(site)
             node.start_us = capture.start_us.get(site)
-
-    def _check_inputs(self, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
-        specs = self.imported.inputs
-        expected = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
-        if inputs is None:
-            raise InputError(f"no inputs given: run() needs {expected}")
-        if isinstance(inputs, Mapping):
-            names = [s.name for s in specs]
-            missing = [n for n in names if n not in inputs]
-            extra = [n for n in inputs if n not in names]
-            if missing:
-                raise InputError(f"missing input(s) {', '.join(map(repr, missing))}: run() needs {expected}")
-            if extra:
-                raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}: the model's inputs are {expected}")
-            values = [inputs[n] for n in names]
-        else:
-            values = list(inputs)
-            if len(values) != len(specs):
-                raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {expected}")
-        return [self._check_one(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
-
-    @staticmethod
-    def _check_one(spec: InputSpec, value, allow_nonfinite: bool) -> np.ndarray:
-        array = np.asarray(value)
-        if array.dtype == object:
-            raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
-        if array.dtype != np.dtype(spec.dtype):
-            raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
-                             f"convert it with .astype('{spec.dtype}')")
-        if tuple(array.shape) != tuple(spec.shape):
-            raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
-                             f"{list(spec.shape)}")
-        bound = spec.index_bound
-        if bound is not None and array.size and (array.min() < -bound or array.max() >= bound):
-            raise InputError(f"input {spec.name!r} holds values outside [{-bound}, {bound}) but indexes "
-                             f"{spec.indexes!r}, which has {bound} rows (TVM's Gather does not check bounds): "
-                             "fix the ids")
-        if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
-            nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-            raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values: fix the data, or pass "
-                             "allow_nonfinite=True to run() to trace how they propagate")
-        return np.ascontiguousarray(array)
 
     def _plan(self, capture: CaptureSpec) -> tuple[CapturePlan, set[str] | None]:
         km = self.kernel_map
@@ -276,8 +270,7 @@ class Probe(Results):
             return self.imported.constants[key]
         if served is Served.FOLDED:
             if key not in self._folded:
-                self._folded[key] = (place.const.value.numpy() if place.kind is PlaceKind.CONSTANT else
-                                     evaluate_folded(self.built.snapshots.pre_fold, place.var, self.built.target))
+                self._folded.update(self._evaluate_folded())
             return self._folded[key]
         if served in (Served.CAPTURED, Served.VIEW):
             return self._site_output(place.site, place.output, value.display_name)
@@ -294,12 +287,23 @@ class Probe(Results):
             f"{value.display_name!r} is dead code: no output of the source model depends on it, "
             "so the compiled module never computes it")
 
+    def _evaluate_folded(self) -> dict[str, np.ndarray]:
+        """Every value the pipeline folded: constants as they are, the rest in one build."""
+        places = {k: p for k, p in self.kernel_map.places.items() if self.imported.sources[k].served is Served.FOLDED}
+        values = {k: p.const.value.numpy() for k, p in places.items() if p.kind is PlaceKind.CONSTANT}
+        folded = {k: p.var for k, p in places.items() if p.kind is PlaceKind.FOLDED}
+        unique = list(dict.fromkeys(folded.values()))
+        if unique:
+            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, self.built.target)))
+            values.update({k: arrays[v] for k, v in folded.items()})
+        return values
+
     def _recompute(self, site, key: str) -> dict[str, np.ndarray]:
         """Every source value ``site`` keeps inside, from the inputs it received in the last run."""
         inputs = self._site_inputs(site, self.imported.sources[key].display_name)
         tensors = self._recomputer.interior_values(site, inputs)
         places = self.kernel_map.places
-        return {k: tensors[places[k].inner] for k in site.interior_keys}
+        return {k: tensors[places[k].inner] for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR}
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
         outs = self._require_run().outputs.get(site)
@@ -394,7 +398,8 @@ class Probe(Results):
             device=self._device_label(), model_hash=self.imported.model_hash,
             target=str(self.built.target), pipeline=self.built.pipeline,
             total_us=capture.total_us if opts.timings else None, timings=opts.timings,
-            metadata=dict(opts.metadata or {}),
+            metadata={**(opts.metadata or {}),
+                      **({"capture": sorted(self._wanted)} if self._wanted is not None else {})},
             value_keys=list(value_keys if value_keys is not None else values))
 
     def _dump_value_keys(self, opts: "DumpOptions") -> list[str]:

@@ -75,43 +75,47 @@ class Recomputer:
         return relax.VirtualMachine(ex, device_for(self._target)), tensors
 
 
-def _slice(main, var):
-    """The bindings of ``main`` that compute ``var``, in order; None if it needs a parameter."""
+def _slice(main, variables) -> list | None:
+    """The bindings of ``main`` that compute ``variables``, in order; None if any needs a parameter."""
     from tvm import relax
 
-    bound = {b.var: (i, b) for i, b in enumerate(b for blk in main.body.blocks for b in blk.bindings)}
+    order = {}
+    for i, b in enumerate(b for blk in main.body.blocks for b in blk.bindings):
+        order[b.var] = (i, b)
     params = set(main.params)
-    needed, stack, seen = [], [var], set()
+    needed, stack, seen = [], list(variables), set()
     while stack:
         v = stack.pop()
         if v in seen:
             continue
         seen.add(v)
-        if v in params or v not in bound:
+        if v in params or v not in order:
             return None
-        needed.append(bound[v])
-        stack.extend(relax.analysis.free_vars(bound[v][1].value))
+        needed.append(order[v])
+        stack.extend(relax.analysis.free_vars(order[v][1].value))
     return [b for _, b in sorted(needed, key=lambda ib: ib[0])]
 
 
 def depends_on_params(main, var) -> bool:
     """True when computing ``var`` needs a model input (so it cannot have been folded)."""
-    return _slice(main, var) is None
+    return _slice(main, [var]) is None
 
 
-def evaluate_folded(module, var, target) -> np.ndarray:
-    """Value of a Var that the pipeline's ``FoldConstant`` turned into a constant.
+def evaluate_folded(module, variables, target) -> list[np.ndarray]:
+    """Values of Vars that the pipeline's ``FoldConstant`` turned into constants, in one build.
 
     ``module`` is the module just before FoldConstant; the slice of its ``main`` that computes
-    ``var`` is built with the same legalized kernels and run, as FoldConstant does.
+    ``variables`` is built once with the same legalized kernels and run, as FoldConstant does
+    (one build for all of them: each build costs seconds).
     """
     import tvm
     from tvm import relax
 
-    needed = _slice(module["main"], var)
-    out = relax.Var("folded", var.ty)
-    body = relax.SeqExpr([relax.DataflowBlock(needed + [relax.VarBinding(out, var)])], out)
-    mod = tvm.IRModule({"main": relax.Function([], body, var.ty)})
+    needed = _slice(module["main"], variables)
+    outs = [relax.Var(f"folded{i}", v.ty) for i, v in enumerate(variables)]
+    bindings = needed + [relax.VarBinding(o, v) for o, v in zip(outs, variables)]
+    body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))
+    mod = tvm.IRModule({"main": relax.Function([], body, relax.TupleType([v.ty for v in variables]))})
     for gvar, func in module.functions.items():
         if not isinstance(func, relax.Function):  # the legalized PrimFuncs the slice calls
             mod[gvar] = func
@@ -119,6 +123,6 @@ def evaluate_folded(module, var, target) -> np.ndarray:
         with native_log_to_logging():
             ex = tvm.compile(mod, target)
     except Exception as err:
-        raise ProbeError(f"cannot re-evaluate a folded constant: {one_line(err)}") from None
+        raise ProbeError(f"cannot re-evaluate the values FoldConstant folded: {one_line(err)}") from None
     vm = relax.VirtualMachine(ex, device_for(target))
-    return vm["main"]().numpy()
+    return [r.numpy() for r in vm["main"]()]

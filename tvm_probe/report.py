@@ -18,8 +18,7 @@ import warnings
 from pathlib import Path
 
 from .errors import ProbeError
-
-FORMATS = ("csv", "html", "graph")
+from .schema import REPORT_FORMATS as FORMATS
 # Fill of a graph node by the comparison of the values it outputs or keeps inside.
 FILL = {"passed": "#a5d6a7", "divergent": "#e53935", "failing": "#ffb74d", "not compared": "#e0e0e0"}
 _MAX_NAMES = 4     # names listed in a graph box before "+N more"
@@ -46,17 +45,14 @@ def nodes_table(results, comparison=None):
 
 
 def compare_table(comparison):
-    """DataFrame, one row per compared value in source order (:meth:`Comparison.table`).
+    """DataFrame, one row per value asked about in source order (:meth:`Comparison.table`).
 
-    Its ``served`` column says how the TVM value was obtained; ``first_divergent`` marks the
-    value where divergence starts.  Columns are present even when nothing was compared.
+    Its ``status`` column is passed / diverged / unchecked / dead code, ``served`` says how the
+    TVM value was obtained and ``first_divergent`` marks the value where divergence starts.
     """
-    from dataclasses import fields
-
-    from .compare import ValueComparison
-
-    table = comparison.table().reindex(columns=[f.name for f in fields(ValueComparison)])
-    table["first_divergent"] = [v is comparison.first_divergent for v in comparison.values]
+    table = comparison.table()
+    first = comparison.first_divergent
+    table["first_divergent"] = table["key"] == first.key if first is not None else False
     return table
 
 
@@ -209,6 +205,25 @@ def _html_text(text: str) -> str:
     return text.replace('"', "&quot;").replace("'", "&#39;").replace("\r", " ").replace("\n", " ")
 
 
+def write_graph(results, path, comparison=None) -> Path:
+    """Write the graph to ``path``: DOT for ``.dot``, SVG (needs Graphviz) for ``.svg``."""
+    path = Path(path)
+    dot = to_dot(results, comparison)
+    if path.suffix == ".svg":
+        text = render_svg(dot)
+        if text is None:
+            raise ProbeError("writing SVG needs Graphviz's 'dot' program: install graphviz or write a .dot file")
+    elif path.suffix == ".dot":
+        text = dot
+    else:
+        raise ProbeError(f"cannot write a graph as {path.suffix or 'a file without suffix'}: "
+                         "use a .dot or .svg file name")
+    try:
+        return _write_atomic(path, text)
+    except OSError as err:
+        raise ProbeError(f"cannot write '{path}': {err.strerror or err}") from None
+
+
 def render_svg(dot_text: str) -> str | None:
     """SVG of ``dot_text`` via ``dot -Tsvg``; None when Graphviz is not installed or fails."""
     exe = shutil.which("dot")
@@ -281,6 +296,7 @@ def _top_kernels(results, top: int = 10) -> str:
 def _summary(results, comparison) -> str:
     esc = html.escape
     out = ['<div id="summary">']
+    out += [f'<p class="note">{esc(note)}</p>' for note in getattr(results, "notes", [])]  # e.g. no source names
     if comparison is not None:
         out.append(f'<p id="verdict" class="{"pass" if comparison else "fail"}">{esc(comparison.verdict())}</p>')
         first = comparison.first_divergent

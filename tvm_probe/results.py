@@ -19,7 +19,8 @@ from .sources import SourceMap
 class NodeInfo:
     """One graph node: a kernel call (``op='tvm_op'``) or a model input (``op='null'``).
 
-    ``inputs`` holds ``(node index, output k)`` of each argument produced by a node; constant
+    ``inputs`` holds ``(node index, output k)`` of each argument produced by a node (k is -1,
+    not known, where a dump TVM wrote names a producer with several outputs); constant
     arguments (weights) are counted in ``const_inputs``.
     """
 
@@ -48,7 +49,7 @@ class Results:
     def _init_results(self, sources: SourceMap, nodes: list[NodeInfo]) -> None:
         self.sources_map = sources
         self.node_infos = nodes
-        self._names = NameIndex(sources)
+        self._names = NameIndex(sources, sources.notes)
 
     # -- implemented by subclasses ------------------------------------------------------------
     def _value(self, key: str) -> np.ndarray:
@@ -56,6 +57,11 @@ class Results:
 
     def _node_output(self, index: int, output: int) -> np.ndarray:
         raise NotImplementedError
+
+    @property
+    def captured_keys(self) -> set[str] | None:
+        """Keys of the values the run was asked to capture; None when it captured everything."""
+        return None
 
     # -- the public API -----------------------------------------------------------------------
     def resolve(self, name: str) -> str:
@@ -121,12 +127,22 @@ class Results:
         """DataFrame: one row per source value — name, tensor, op type, kind, how served, node."""
         import pandas as pd
 
+        from .names import names_of
+
         rows = [{
             "name": v.display_name, "tensor": v.key, "op_type": v.op_type, "kind": v.kind.value,
             "served": v.served.value if v.served else None, "node": v.node_index,
             "shape": v.shape, "dtype": v.dtype,
+            "other_names": [f"{kind}:{n}" for kind, n in names_of(v) if n not in (v.display_name, v.key)],
         } for v in self.sources_map]
-        return pd.DataFrame(rows, columns=["name", "tensor", "op_type", "kind", "served", "node", "shape", "dtype"])
+        return pd.DataFrame(rows, columns=["name", "tensor", "op_type", "kind", "served", "node", "shape",
+                                           "dtype", "other_names"])
+
+    def find(self, pattern: str):
+        """:attr:`sources` rows of the values with any name matching ``pattern`` (glob or name)."""
+        keys = set(self._names.match(pattern))
+        table = self.sources
+        return table[table["tensor"].isin(keys)]
 
     @property
     def nodes(self):

@@ -48,7 +48,9 @@ class SourceValue:
         shape, dtype: as compiled (static shapes) or as declared.
         served: see :class:`Served`; set once the model is compiled.
         node_index: the graph node (kernel call) that outputs it or holds it inside, or -1.
-        aliases: further names it answers to (e.g. the module path whose output it is).
+        aliases: further names it answers to (e.g. parts of a name a converter merged).
+        modules: module paths whose output it is (PyTorch models and their dynamo ONNX exports).
+        origin: where the user's code made it (``file.py:line`` from PyTorch's stack trace), or ''.
     """
 
     key: str
@@ -64,12 +66,14 @@ class SourceValue:
     node_index: int = -1
     num_outputs: int = 1
     aliases: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    origin: str = ""
 
     @property
     def names(self) -> list[str]:
         """Every name this value answers to: display name first, then the tensor name."""
         names = [self.display_name]
-        for name in (self.key, *self.aliases):
+        for name in (self.key, *self.aliases, *self.modules):
             if name not in names:
                 names.append(name)
         return names
@@ -90,6 +94,7 @@ class SourceValue:
             "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
             "served": None if self.served is None else self.served.value,
             "node_index": self.node_index, "aliases": list(self.aliases),
+            "modules": list(self.modules), "origin": self.origin,
         }
 
     @classmethod
@@ -105,6 +110,7 @@ class SourceValue:
             served=None if rec["served"] is None else Served(rec["served"]),
             node_index=int(rec["node_index"]),
             aliases=tuple(str(a) for a in rec.get("aliases", ())),
+            modules=tuple(str(m) for m in rec.get("modules", ())), origin=str(rec.get("origin", "")),
         )
 
 
@@ -115,6 +121,7 @@ class SourceMap:
     values: dict[str, SourceValue] = field(default_factory=dict)
     model_inputs: list[str] = field(default_factory=list)   # keys of the inputs the user feeds
     model_outputs: list[str] = field(default_factory=list)  # keys of the graph outputs
+    notes: dict[str, str] = field(default_factory=dict)     # a name with no value → why
 
     def add(self, value: SourceValue) -> None:
         self.values[value.key] = value
@@ -130,6 +137,16 @@ class SourceMap:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def copy(self) -> "SourceMap":
+        """An independent copy: each build classifies (``served``, ``node_index``) its own."""
+        from dataclasses import replace
+
+        out = SourceMap(model_inputs=list(self.model_inputs), model_outputs=list(self.model_outputs),
+                        notes=dict(self.notes))
+        for value in self.values.values():
+            out.add(replace(value))
+        return out
 
     def live_keys(self) -> set[str]:
         """Keys of the values some model output depends on, judged on the source graph itself.

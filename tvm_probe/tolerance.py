@@ -20,7 +20,7 @@ class Tolerance:
     rtol: float
 
     def __str__(self) -> str:
-        return f"atol {self.atol:g}, rtol {self.rtol:g}"
+        return "exact" if self.atol == 0 and self.rtol == 0 else f"atol {self.atol:g}, rtol {self.rtol:g}"
 
 
 EXACT = Tolerance(0.0, 0.0)

@@ -110,6 +110,9 @@ class ValueNumbering:
                     call = self._inline(value, env, mod)
                     out.inlined[binding.var] = call
                     number = call.result
+                elif value in out.inlined:  # `gv = lv`: later passes may keep either Var
+                    out.inlined[binding.var] = out.inlined[value]
+                    number = env[value]
                 else:
                     number = self._expr(value, env, binding)
                 env[binding.var] = number

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..sources import SourceMap
+from .fixes import AppliedFix
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class ImportedModel:
         inputs: what :meth:`Probe.run` must be fed, in the order of ``main``'s parameters.
         hash_model: computes a string identifying the source model (stored in dumps); called
             once, when first needed, because hashing hundreds of MB of weights is not free.
+        fixes: the import fixes the model needed (:mod:`tvm_probe.importer.fixes`), each with the
+            source ops it rewrote; empty for a plain import.  Reports and dumps list them.
+        unfixed: with ``import_fixes=False``, the constructs a fix would have rewritten (left as
+            TVM imports them), so that a build failure can name them.
     """
 
     mod: Any
@@ -48,6 +53,8 @@ class ImportedModel:
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     inputs: list[InputSpec] = field(default_factory=list)
     hash_model: Callable[[], str] = lambda: ""
+    fixes: list[AppliedFix] = field(default_factory=list)
+    unfixed: list[AppliedFix] = field(default_factory=list)
 
     @property
     def model_hash(self) -> str:

@@ -19,12 +19,13 @@ import io
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-from ..errors import ModelError, UnsupportedOpError, one_line
+from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
+from .fixes import FixLog, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
 from .module_paths import module_output_aliases
 
@@ -75,28 +76,68 @@ def model_hash(proto) -> str:
     return digest.hexdigest()
 
 
-def import_onnx(model: ModelLike, shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = None,
+                import_fixes: bool = True) -> ImportedModel:
     """Import an ONNX model with every runtime value tagged by its source tensor name.
+
+    A model whose inputs have symbolic dimensions is made static first (see
+    :mod:`tvm_probe.importer.static`): the inputs are pinned to ``shapes``, and the shape
+    arithmetic that then has a known value is folded to constants (served as such).
 
     Args:
         model: an ``onnx.ModelProto`` or a path to a ``.onnx`` file.
-        shapes: static shapes for inputs whose declared shape has symbolic dimensions.
+        shapes: static shapes for inputs whose declared shape has symbolic dimensions; an input
+            left out takes the sizes of the dimension names it shares with the inputs given.
+        import_fixes: rewrite the constructs TVM 0.27 cannot import (see
+            :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
 
     Raises:
-        ModelError: the file is missing or not ONNX; UnsupportedOpError: TVM cannot convert a node.
+        ModelError: the file is missing or not ONNX, ``shapes`` does not fit the model, an input
+            has symbolic dimensions ``shapes`` does not pin, or TVM's importer fails on a node;
+        UnsupportedOpError: the model uses an op TVM's ONNX importer cannot convert.
     """
     proto = load_onnx(model)
     _check_ops_supported(proto.graph)
-    importer = _make_importer(shapes or {})
+    static = _static_graph(proto, dict(shapes or {}))
+    importer = _make_importer(static.shapes if static else dict(shapes or {}), import_fixes)
+    graph = static.view(proto.graph) if static else proto.graph
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the onnx checker's opinions; we report real failures
         try:
-            mod = importer.from_onnx(proto.graph, _opset_of(proto))
-        except UnsupportedOpError:
+            mod = importer.from_onnx(graph, _opset_of(proto))
+        except ProbeError:
             raise
-        except Exception as err:
-            raise ModelError(f"TVM's ONNX importer failed: {one_line(err)}") from None
+        except Exception as err:  # raised outside a converter (e.g. TVM's ShapeExpr check)
+            raise _import_failure(importer.current_node, err) from None
     return _collect(proto, mod, importer)
+
+
+def _static_graph(proto, shapes: dict):
+    """The static graph TVM converts when the model has symbolic input dims, else None.
+
+    ``shapes`` given for a model without symbolic dims is checked against the declared shapes.
+    """
+    from .static import make_static, pin_inputs, symbolic_inputs
+
+    if not symbolic_inputs(proto.graph):
+        if shapes:
+            pin_inputs(proto.graph, shapes)
+        return None
+    return make_static(proto, shapes)
+
+
+def _import_failure(node, err: Exception, hint: str = "") -> ProbeError:
+    """One line naming the node TVM's importer failed on and TVM's own message.
+
+    What TVM's converter declares unsupported (``NotImplementedError``, TVM's ``OpError`` family:
+    an attribute value it does not implement) is UnsupportedOpError; any other failure is a
+    ModelError: the op is supported, yet TVM failed on this node.
+    """
+    import tvm
+
+    where = f" on node {_node_label(node)} (op {node.op_type})" if node is not None else ""
+    kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else ModelError
+    return kind(f"TVM's ONNX importer failed{where}: {one_line(err)}{hint}")
 
 
 def _opset_of(proto) -> int:
@@ -125,9 +166,13 @@ def _check_ops_supported(graph) -> None:
             f"cannot convert{others}: replace the op in the model or register a converter")
 
 
-def _make_importer(shapes):
-    """An instance of TVM's ONNX importer that records what each tensor becomes."""
-    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+def _make_importer(shapes, import_fixes: bool = True):
+    """An instance of TVM's ONNX importer that records what each tensor becomes.
+
+    It also applies the import fixes (:mod:`.fixes`) where a node's construct needs one, and
+    turns a converter's failure into one line naming the node.
+    """
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, onnx_input
 
     class _RecordingDict(dict):
         def __init__(self):
@@ -143,6 +188,8 @@ def _make_importer(shapes):
             super().__init__(shapes, "float32")
             self._nodes = _RecordingDict()
             self.current_node = None
+            self.fixes = FixLog()    # fixes applied
+            self.unfixed = FixLog()  # constructs a fix would rewrite, left alone (fixes off)
 
         def _parse_value_proto(self, value_proto):
             # Called once per node just before it is converted: remember which node it is.
@@ -152,14 +199,39 @@ def _make_importer(shapes):
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             node = self.current_node
+            fix = onnx_fix_for(op_name, inputs, attrs)
             try:
+                if fix is not None and import_fixes:
+                    self.fixes.add(fix.fix, _source_label(node))
+                    return self._apply(fix, op_name, inputs, attrs, opset)
+                if fix is not None:
+                    self.unfixed.add(fix.fix, _source_label(node))
                 return super()._convert_operator(op_name, inputs, attrs, opset)
+            except ProbeError:
+                raise
             except Exception as err:
-                raise UnsupportedOpError(
-                    f"TVM's ONNX importer failed on node {_node_label(node)} (op {op_name}): "
-                    f"{one_line(err)}") from None
+                if fix is None:
+                    hint = ""
+                elif import_fixes:
+                    hint = f" (after import fix '{fix.fix.name}')"
+                else:
+                    hint = f": {off_hint(fix.fix)}"
+                raise _import_failure(node, err, hint) from None
+
+        def _apply(self, fix, op_name, inputs, attrs, opset):
+            def convert(new_inputs):
+                return super(_TaggingImporter, self)._convert_operator(
+                    op_name, onnx_input(new_inputs), attrs, opset)
+            return self.bb.normalize(fix.rewrite(self.bb, inputs, attrs, convert))
 
     return _TaggingImporter()
+
+
+def _source_label(node) -> str:
+    """How fix records name a node: its name, else its first output tensor."""
+    if node is None:
+        return ""
+    return node.name or (node.output[0] if node.output else node.op_type)
 
 
 def _is_const(expr) -> bool:
@@ -260,7 +332,8 @@ def _collect(proto, mod, importer) -> ImportedModel:
     order = {p: i for i, p in enumerate(params)}
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
-                         inputs=inputs, hash_model=lambda: model_hash(proto))
+                         inputs=inputs, hash_model=lambda: model_hash(proto),
+                         fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied())
 
 
 def _node_inputs(node) -> tuple[str, ...]:

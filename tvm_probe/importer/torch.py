@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
+from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, FixLog, bool_compare_rewrite
 from .model import ImportedModel, InputSpec
 from .module_paths import module_output_aliases
 from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
@@ -36,7 +37,7 @@ from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
 _NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
 
 
-def import_torch(module, example_inputs) -> ImportedModel:
+def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedModel:
     """Export ``module`` with ``torch.export`` and import it with every fx node's value tagged.
 
     Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
@@ -47,13 +48,15 @@ def import_torch(module, example_inputs) -> ImportedModel:
         module: a ``torch.nn.Module`` (in ``eval()`` mode for inference behaviour).
         example_inputs: a tuple of tensors, the positional arguments of ``forward``; their
             shapes are compiled statically.
+        import_fixes: rewrite the constructs TVM 0.27 cannot build (see
+            :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
 
     Raises:
         ModelError: torch is missing or ``torch.export`` cannot trace the module;
         UnsupportedOpError: TVM cannot convert an fx node.
     """
     program = export_program(module, example_inputs)
-    importer = _make_importer()
+    importer = _make_importer(import_fixes)
     _check_ops_supported(program, importer)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -65,7 +68,9 @@ def import_torch(module, example_inputs) -> ImportedModel:
             raise
         except Exception as err:
             raise ModelError(f"TVM's PyTorch importer failed: {one_line(err)}") from None
-    return _collect(program, mod, importer.env)
+    imported = _collect(program, mod, importer.env)
+    imported.fixes, imported.unfixed = importer.fixes.applied(), importer.unfixed.applied()
+    return imported
 
 
 def require_torch():
@@ -145,26 +150,60 @@ def _export_failure(err: Exception) -> str:
             "use torch.where or torch.cond)")
 
 
-def _make_importer():
-    """TVM's ``ExportedProgramImporter``, its converters wrapped to name failing fx nodes."""
+def _make_importer(import_fixes: bool = True):
+    """TVM's ``ExportedProgramImporter``, its converters wrapped to name failing fx nodes and to
+    apply the import fixes (:mod:`.fixes`) where an fx node's construct needs one."""
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     class _NamingImporter(ExportedProgramImporter):
+        def __init__(self):
+            self.fixes = FixLog()    # fixes applied
+            self.unfixed = FixLog()  # constructs a fix would rewrite, left alone (fixes off)
+            super().__init__()       # builds the convert map, which the fixes wrap
+
         def create_convert_map(self):
-            return {name: _naming_failures(convert) for name, convert in super().create_convert_map().items()}
+            converters = super().create_convert_map()
+            for name in BOOL_COMPARE_CONVERTERS:
+                if name in converters:
+                    converters[name] = self._bool_compare(name, converters[name])
+            return {name: _naming_failures(convert) for name, convert in converters.items()}
+
+        def _bool_compare(self, name, convert):
+            """``bool_compare_constant``: ``mask == 0`` → ``logical_not(mask)``, ``mask == 1`` → ``mask``."""
+            from tvm import relax
+
+            def converter(node, *rest):
+                lhs = self.env.get(node.args[0]) if len(node.args) == 2 and hasattr(node.args[0], "op") else None
+                how = bool_compare_rewrite(name, lhs, node.args[1] if lhs is not None else None)
+                if how is None:
+                    return convert(node, *rest)
+                if not import_fixes:
+                    self.unfixed.add(BOOL_COMPARE_CONSTANT, node.name)
+                    return convert(node, *rest)
+                self.fixes.add(BOOL_COMPARE_CONSTANT, node.name)
+                return lhs if how == "identity" else self.block_builder.emit(relax.op.logical_not(lhs))
+            return converter
 
     return _NamingImporter()
 
 
 def _naming_failures(convert):
-    """``convert`` with any exception turned into a one-line UnsupportedOpError for its node."""
+    """``convert`` with any exception turned into one line naming its fx node and aten op.
+
+    What TVM declares unsupported (``NotImplementedError``, TVM's ``OpError`` family) is an
+    UnsupportedOpError; any other failure is a ModelError: TVM converts this op, yet failed here.
+    """
     def wrapped(node, *rest):
         try:
             return convert(node, *rest)
+        except ProbeError:
+            raise
         except Exception as err:
-            raise UnsupportedOpError(
-                f"TVM's PyTorch importer failed on fx node '{node.name}' ({op_type(node)}): "
-                f"{one_line(err)}") from None
+            import tvm
+
+            kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else ModelError
+            raise kind(f"TVM's PyTorch importer failed on fx node '{node.name}' ({op_type(node)}): "
+                       f"{one_line(err)}") from None
     return wrapped
 
 

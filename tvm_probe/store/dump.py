@@ -1,13 +1,14 @@
-"""Dumps: one run on disk, in the layout TVM's old graph debug executor wrote.
+"""Dumps: one run on disk, in the layout TVM's graph debug executor wrote (TVM <= 0.19).
 
 ::
 
     <root>/
       tvm_probe_manifest.json            format version, versions, model hash, per-file size + sha256
       _tvmdbg_device_CPU_0/
-        _tvmdbg_graph_dump.json          legacy graph JSON (nodes, arg_nodes, heads, node_row_ptr,
-                                         attrs{storage_id, dltype, shape}); each kernel node's attrs
-                                         also carry ``source_names`` / ``interior_source_names``
+        _tvmdbg_graph_dump.json          graph JSON node for node as TVM's debug executor wrote it
+                                         (see :mod:`.graph`); what tvm_probe adds (source names,
+                                         input entries, occurrence, view) under each node's
+                                         ``"tvm_probe"`` key
         output_tensors.params            node outputs, TVM param-dict format, keys
                                          ``{node name}____topo-index:{i}____output-num:{j}``
         _tvmdbg_execution_trace.json     Chrome trace (chrome://tracing, Perfetto)
@@ -17,15 +18,19 @@
 
 Writing goes to a temporary sibling folder that is renamed into place once complete, so a
 failed or interrupted dump leaves nothing half-written and never damages an existing dump.
-Reading needs numpy alone and verifies the manifest before trusting any file.
+
+Reading needs numpy alone.  :func:`load_dump` verifies a tvm_probe dump against its manifest
+before trusting any file, and also reads a dump TVM's own debug executor wrote (see
+:mod:`.legacy`).  Tensors are never loaded up front: both tensor files are memory-mapped
+(:class:`~.paramdict.MappedParams`) and each value is read from disk when it is asked for.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -35,20 +40,23 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError
+from ..errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
 from ..results import NodeInfo, Results
 from ..sources import Kind, Served, SourceMap, SourceValue
-from . import paramdict
+from . import graph as graph_layout
+from . import legacy, paramdict
+from .legacy import tensor_key
+
+log = logging.getLogger(__name__)
 
 FORMAT = "tvm_probe-dump"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the graph JSON is TVM's debug dump node for node (1 kept the executor's graph)
 MANIFEST = "tvm_probe_manifest.json"
 GRAPH = "_tvmdbg_graph_dump.json"
 TENSORS = "output_tensors.params"
 TRACE = "_tvmdbg_execution_trace.json"
 SOURCES = "_tvmprobe_sources.json"
 VALUES = "_tvmprobe_values.params"
-_KEY_RE = re.compile(r"^(?P<name>.*)____topo-index:(?P<i>\d+)____output-num:(?P<j>\d+)$")
 
 
 @dataclass
@@ -75,11 +83,6 @@ class DumpContent:
     def __post_init__(self):
         if not self.value_keys:
             self.value_keys = list(self.values)
-
-
-def tensor_key(name: str, index: int, output: int) -> str:
-    """The legacy key of output ``output`` of node ``index`` in ``output_tensors.params``."""
-    return f"{name}____topo-index:{index}____output-num:{output}"
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -143,12 +146,14 @@ class DumpWriter:
             for key, array in values:
                 stream.write(key, array)
             stream.close()
-        _write_json(self.device_dir / GRAPH, graph_json(content.nodes, content.sources))
-        _write_json(self.device_dir / TRACE, chrome_trace(content.nodes if content.timings else []))
+        # indent=4 as TVM's debug executor wrote its graph dump
+        _write_json(self.device_dir / GRAPH, graph_layout.graph_json(content.nodes, content.sources.model_outputs),
+                    indent=4)
+        _write_json(self.device_dir / TRACE, graph_layout.chrome_trace(content.nodes if content.timings else []))
         _write_json(self.device_dir / SOURCES, {
             "sources": [v.to_record() for v in content.sources],
             "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
-            "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
+            "name_notes": content.sources.notes, "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
             "metadata": content.metadata,
         })
         _write_json(self.tmp / MANIFEST, _manifest(self.tmp, content))
@@ -180,25 +185,22 @@ class DumpWriter:
 class StreamedOutputs(Mapping):
     """Kernel outputs of a streamed run, read from its tensor file: ``site → [arrays]``.
 
-    The file is memory-mapped; arrays are read-only views, so nothing is loaded until used.
+    The file is memory-mapped (the same lazy path as :class:`DumpReader`); arrays are
+    read-only views, so nothing is loaded until used.
     """
 
     def __init__(self, path: Path, nodes: list[NodeInfo], num_input_nodes: int):
-        import mmap
-
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._entries = {e.name: e for e in paramdict.read_index(self._map, source=str(path))}
-        self._nodes, self._n_in, self._path = nodes, num_input_nodes, path
-        self._sites = sorted({int(_KEY_RE.match(k)["i"]) - num_input_nodes for k in self._entries}
-                             - set(range(-num_input_nodes, 0)))
+        self._file = paramdict.MappedParams(path)
+        self._nodes, self._n_in = nodes, num_input_nodes
+        index = legacy.key_index(self._file, nodes)
+        self._sites = sorted({i - num_input_nodes for i, _ in index if i >= num_input_nodes})
+        self._held = set(self._sites)
 
     def __getitem__(self, site: int) -> list[np.ndarray]:
-        node = self._nodes[self._n_in + site]
-        names = [tensor_key(node.name, node.index, j) for j in range(len(node.out_shapes))]
-        if names[0] not in self._entries:
+        if site not in self._held:  # also sites past the last node: `in` must answer False
             raise KeyError(site)
-        return [paramdict.view(self._map, self._entries[n], source=str(self._path)) for n in names]
+        node = self._nodes[self._n_in + site]
+        return [self._file[tensor_key(node.name, node.index, j)] for j in range(len(node.out_shapes))]
 
     def __iter__(self):
         return iter(self._sites)
@@ -225,9 +227,9 @@ def write_dump(root: Path, content: "DumpContent", overwrite: bool = False) -> P
         return writer.commit()
 
 
-def _write_json(path: Path, obj) -> None:
+def _write_json(path: Path, obj, indent: int = 1) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
+        json.dump(obj, f, indent=indent)
         f.flush()
         os.fsync(f.fileno())
 
@@ -256,53 +258,15 @@ def _manifest(tmp: Path, content: DumpContent) -> dict:
             "device_dir": f"_tvmdbg_device_{content.device}", "files": files}
 
 
-def graph_json(nodes: list[NodeInfo], sources: SourceMap) -> dict:
-    """The legacy graph JSON for ``nodes``, with source names added to each node's attrs."""
-    out_nodes, row_ptr, storage, dltype, shapes = [], [0], [], [], []
-    heads = []
-    outputs = set(sources.model_outputs)
-    for n in nodes:
-        entry = {"op": n.op, "name": n.name, "inputs": [[i, k, 0] for i, k in n.inputs]}
-        if n.op == "tvm_op":
-            entry["attrs"] = {
-                "func_name": n.symbol, "num_inputs": str(len(n.inputs) + n.const_inputs),
-                "num_outputs": str(len(n.out_shapes)), "flatten_data": "0",
-                "T": "type: " + (n.out_dtypes[0] if n.out_dtypes else ""),
-                "occurrence": n.occurrence, "view": n.is_view, "const_inputs": n.const_inputs,
-                "source_names": n.output_keys, "interior_source_names": n.interior_keys,
-            }
-        entry["shape"] = list(n.out_shapes[0]) if n.out_shapes else []
-        out_nodes.append(entry)
-        for j, (shape, dtype) in enumerate(zip(n.out_shapes, n.out_dtypes)):
-            storage.append(len(storage))
-            dltype.append(dtype)
-            shapes.append(list(shape))
-            if n.op == "tvm_op" and outputs & set(n.output_keys[j]):
-                heads.append([n.index, j, 0])
-        row_ptr.append(len(storage))
-    return {
-        "nodes": out_nodes, "arg_nodes": [n.index for n in nodes if n.op == "null"],
-        "heads": heads, "node_row_ptr": row_ptr,
-        "attrs": {"storage_id": ["list_int", storage], "dltype": ["list_str", dltype],
-                  "shape": ["list_shape", shapes]},
-    }
-
-
-def chrome_trace(nodes: list[NodeInfo]) -> dict:
-    """Per-kernel times as a Chrome trace (begin/end events, microseconds)."""
-    events = []
-    for n in nodes:
-        if n.start_us is None or n.time_us is None:
-            continue
-        common = {"name": n.name, "cat": "view" if n.is_view else "kernel", "pid": 1, "tid": 1}
-        events.append({**common, "ph": "B", "ts": n.start_us, "args": {"node": n.index}})
-        events.append({**common, "ph": "E", "ts": n.start_us + n.time_us})
-    return {"traceEvents": events, "displayTimeUnit": "ns"}
-
-
 # ---------------------------------------------------------------------------------- reading
 def load_dump(path) -> "DumpReader":
-    """Open a dump written by :meth:`Probe.dump` (numpy only; verifies every file first)."""
+    """Open a dump: one written by :meth:`Probe.dump`, or one TVM's graph debug executor wrote.
+
+    Needs numpy only.  A tvm_probe dump is verified against its manifest first.  A dump
+    written by TVM <= 0.19 itself (``path`` may be its root or its ``_tvmdbg_device_*`` folder)
+    has no source names: its values answer to TVM's node names, ``source_names_known`` is
+    False and ``notes`` says so (also logged as a warning).
+    """
     return DumpReader(Path(path))
 
 
@@ -310,42 +274,94 @@ class DumpReader(Results):
     """A dump read back: the same ``get`` / ``get_all`` / ``get_node_output`` / tables as a Probe.
 
     Also: ``inputs`` (the run's inputs by name), ``metadata`` (what the writer stored, e.g. the
-    model's origin), ``model_hash``, ``target``, ``pipeline``.
+    model's origin), ``model_hash``, ``target``, ``pipeline`` (None where not known),
+    ``device`` (e.g. ``CPU_0``), ``written_by`` (``"tvm_probe"`` or ``"tvm"``),
+    ``source_names_known`` and ``notes`` (what a user must know about this dump, one line each).
+
+    Values are read-only arrays mapped from the dump's files, read from disk on first use.
     """
 
     def __init__(self, root: Path):
         if not root.is_dir():
             raise DumpError(f"dump folder '{root}' does not exist: give the folder written by probe.dump()")
         self.root = root
+        self.metadata, self.model_hash, self.target, self.pipeline = {}, "", None, None
+        self.notes: list[str] = []
+        if (root / MANIFEST).is_file():
+            self._read_tvm_probe_dump()
+        else:
+            device_dir = legacy.find_device_dir(root)
+            if device_dir is None:
+                raise CorruptDumpError(
+                    f"'{root}' is not a dump: '{MANIFEST}' is missing and there is no _tvmdbg_device_* folder "
+                    "of TVM's debug executor: give the folder written by probe.dump() or by TVM's debug executor")
+            self._read_tvm_dump(device_dir)
+            log.warning("%s: %s", root, self.notes[0])  # source names are not known: users must see it
+            for note in self.notes[1:]:
+                log.info("%s: %s", root, note)
+
+    # -- the two kinds of dump ----------------------------------------------------------------
+    def _read_tvm_probe_dump(self) -> None:
+        self.written_by, self.source_names_known = "tvm_probe", True
         self.manifest = self._verified_manifest()
-        device_dir = root / self.manifest["device_dir"]
+        device_dir = self.root / self.manifest["device_dir"]
+        self.device = device_dir.name.removeprefix("_tvmdbg_device_")
         meta = self._json(device_dir / SOURCES)
-        try:
+        with self._malformed(device_dir.name, "graph or sources JSON", "write the dump again"):
             sources = SourceMap()
             for rec in meta["sources"]:
                 sources.add(SourceValue.from_record(rec))
             sources.model_inputs = list(meta["model_inputs"])
             sources.model_outputs = list(meta["model_outputs"])
+            sources.notes = {str(k): str(v) for k, v in (meta.get("name_notes") or {}).items()}
             self.target, self.pipeline = str(meta["target"]), str(meta["pipeline"])
             self.metadata = dict(meta.get("metadata") or {})
             self.model_hash = str(self.manifest.get("model_hash", ""))
-            nodes = _nodes_from_graph(self._json(device_dir / GRAPH), sources)
-            _times_from_trace(nodes, self._json(device_dir / TRACE))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            raise CorruptDumpError(f"{device_dir.name}: graph or sources JSON is malformed ({err!r}): "
-                                   "write the dump again") from None
-        self._tensors = self._params(device_dir / TENSORS)
-        self._values = self._params(device_dir / VALUES)
-        self._check_tensors(nodes)
+            nodes = graph_layout.read_graph(self._json(device_dir / GRAPH), extras=True)
+            where = _source_entries(nodes, sources)
+            graph_layout.read_times(nodes, self._json(device_dir / TRACE), by_order=False)
+        self._tensors = self._mapped(device_dir / TENSORS, "write the dump again")
+        self._values = self._mapped(device_dir / VALUES, "write the dump again")
+        self._index_tensors(nodes, strict=True)
+        self._finish(sources, nodes, where)
+
+    def _read_tvm_dump(self, device_dir: Path) -> None:
+        """A dump TVM <= 0.19 wrote: graph, tensors and (optionally) trace, nothing else."""
+        self.written_by, self.source_names_known, self.manifest = "tvm", False, None
+        self.device = device_dir.name.removeprefix("_tvmdbg_").removeprefix("device_").removeprefix("ctx_")
+        self.notes.append(legacy.NOTE)
+        advice = "the folder is not as TVM's debug executor wrote it; run it again"
+        graph = self._json(device_dir / GRAPH, advice)
+        with self._malformed(GRAPH, "the graph JSON", advice):
+            nodes = graph_layout.read_graph(graph, extras=False)
+            sources, where = legacy.sources_of(nodes, graph)
+        if any(k == graph_layout.UNKNOWN_OUTPUT for n in nodes for _, k in n.inputs):
+            self.notes.append(legacy.UNKNOWN_OUTPUT_NOTE)
+        if (device_dir / TRACE).is_file():
+            with self._malformed(TRACE, "the execution trace", "it comes from another run? move it away to read "
+                                 "the dump without kernel times"):
+                graph_layout.read_times(nodes, self._json(device_dir / TRACE, advice), by_order=True)
+        else:
+            self.notes.append(legacy.NO_TRACE_NOTE)
+        self._tensors = self._mapped(device_dir / TENSORS, "TVM writes it when the debug executor's run() "
+                                     "completes; run it again")
+        self._values = {}
+        self._index_tensors(nodes, strict=False)
+        self._finish(sources, nodes, where)
+
+    def _finish(self, sources: SourceMap, nodes: list[NodeInfo], where: dict[str, tuple[int, int]]) -> None:
+        self._where = where  # source key -> (node, output) holding it
         self._init_results(sources, nodes)
 
+    # -- checking and opening files -----------------------------------------------------------
     def _verified_manifest(self) -> dict:
         manifest = self._json(self.root / MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise CorruptDumpError(f"'{self.root / MANIFEST}' is not a tvm_probe dump manifest")
         if manifest.get("version") != FORMAT_VERSION:
             raise CorruptDumpError(f"dump format version {manifest.get('version')!r} is not supported "
-                                   f"(this tvm_probe reads version {FORMAT_VERSION})")
+                                   f"(this tvm_probe reads version {FORMAT_VERSION}): write the dump again "
+                                   "with this tvm_probe")
         files = manifest.get("files")
         if not isinstance(files, dict) or not isinstance(manifest.get("device_dir"), str):
             raise CorruptDumpError(f"'{self.root / MANIFEST}' lacks its file list: write the dump again")
@@ -374,37 +390,69 @@ class DumpReader(Results):
             raise CorruptDumpError(f"'{self.root / MANIFEST}' names a path outside the dump ({rel!r}): "
                                    "refusing to read it")
 
-    def _json(self, path: Path):
+    def _json(self, path: Path, advice: str = "write the dump again"):
         try:
             with open(path, encoding="utf-8") as f:
                 return json.load(f)
         except FileNotFoundError:
-            raise CorruptDumpError(f"dump file '{path.name}' is missing from '{self.root}': write the dump again") from None
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CorruptDumpError(f"dump file '{path.name}' is not valid JSON ({err}): write the dump again") from None
+            raise CorruptDumpError(f"dump file '{path.name}' is missing from '{self.root}': {advice}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+            raise CorruptDumpError(f"dump file '{path.name}' is not valid JSON ({one_line(err)}): {advice}") from None
 
-    @staticmethod
-    def _params(path: Path) -> dict[str, np.ndarray]:
+    @contextlib.contextmanager
+    def _malformed(self, where: str, what: str, advice: str):
+        """Turn the parsers' errors about a malformed file into one CorruptDumpError line."""
         try:
-            return paramdict.load(path)
-        except paramdict.ParamDictError as err:
-            raise CorruptDumpError(f"{err}: write the dump again") from None
+            yield
+        except KeyError as err:
+            raise CorruptDumpError(f"{where}: {what} is malformed (missing {err.args[0]!r}): {advice}") from None
+        except (TypeError, ValueError, IndexError, AttributeError, OverflowError) as err:
+            raise CorruptDumpError(f"{where}: {what} is malformed ({one_line(err)}): {advice}") from None
 
-    def _check_tensors(self, nodes: list[NodeInfo]) -> None:
-        self._node_tensors: dict[tuple[int, int], np.ndarray] = {}
-        for key, array in self._tensors.items():
-            m = _KEY_RE.match(key)
-            if not m:
-                raise CorruptDumpError(f"{TENSORS}: tensor key {key!r} is not '<name>____topo-index:<i>____output-num:<j>'")
-            i, j = int(m["i"]), int(m["j"])
-            if i >= len(nodes) or j >= len(nodes[i].out_shapes) or nodes[i].name != m["name"]:
-                raise CorruptDumpError(f"{TENSORS}: tensor {key!r} has no matching node in the graph JSON")
-            node = nodes[i]
-            if tuple(array.shape) != tuple(node.out_shapes[j]) or str(array.dtype) != node.out_dtypes[j]:
+    def _mapped(self, path: Path, advice: str) -> paramdict.MappedParams:
+        try:
+            return paramdict.MappedParams(path)
+        except FileNotFoundError:
+            raise CorruptDumpError(f"dump file '{path.name}' is missing from '{path.parent}': {advice}") from None
+        except paramdict.ParamDictError as err:
+            raise CorruptDumpError(f"{err}: {advice}") from None
+
+    def _index_tensors(self, nodes: list[NodeInfo], strict: bool) -> None:
+        """Match every tensor of the tensor file to a node output, checking shape and dtype
+        against the graph (from the file's index: no tensor data is read).
+
+        ``strict``: only tvm_probe's key format (TVM's older formats are accepted otherwise).
+        """
+        try:
+            if strict:
+                bad = next((k for k in self._tensors if not legacy.is_current_key(k)), None)
+                if bad is not None:
+                    raise ValueError(f"tensor key {bad!r} is not '<name>____topo-index:<i>____output-num:<j>'")
+            self._node_tensors = legacy.key_index(self._tensors, nodes)
+        except ValueError as err:
+            raise CorruptDumpError(f"{TENSORS}: {err}") from None
+        for (i, j), key in self._node_tensors.items():
+            entry, node = self._tensors.entries[key], nodes[i]
+            if entry.shape != tuple(node.out_shapes[j]) or entry.dtype != node.out_dtypes[j]:
                 raise CorruptDumpError(
-                    f"{TENSORS}: tensor {key!r} is {array.dtype}{list(array.shape)} but the graph JSON says "
+                    f"{TENSORS}: tensor {key!r} is {entry.dtype}{list(entry.shape)} but the graph JSON says "
                     f"{node.out_dtypes[j]}{list(node.out_shapes[j])}")
-            self._node_tensors[(i, j)] = array
+
+    def _array(self, tensors, key: str) -> np.ndarray:
+        """One tensor, read now; data errors the index could not see become dump errors."""
+        try:
+            return tensors[key]
+        except paramdict.DtypeUnavailableError as err:
+            raise DumpError(str(err)) from None
+        except paramdict.ParamDictError as err:
+            raise CorruptDumpError(str(err)) from None
+
+    # -- the read API -------------------------------------------------------------------------
+    @property
+    def captured_keys(self) -> set[str] | None:
+        """Keys the dumped run was asked to capture (recorded by the writer); None: everything."""
+        keys = self.metadata.get("capture")
+        return set(keys) if isinstance(keys, list) else None
 
     def _capture_limited(self, value) -> bool:
         """True when the run did not capture the inputs of the kernel holding ``value``."""
@@ -413,69 +461,62 @@ class DumpReader(Results):
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
-        """The inputs of the dumped run, by name."""
+        """The inputs of the dumped run, by name (in a dump TVM wrote: its weights too)."""
         return {n.name: self._node_output(n.index, 0) for n in self.node_infos if n.op == "null"}
 
     def _node_output(self, index: int, output: int) -> np.ndarray:
-        try:
-            return self._node_tensors[(index, output)]
-        except KeyError:
+        key = self._node_tensors.get((index, output))
+        if key is None:
             raise NotCapturedError(f"node {index} ({self.node_infos[index].name}) output {output} is not in "
-                                   "this dump: the run captured only some values") from None
+                                   "this dump: the run captured only some values")
+        return self._array(self._tensors, key)
 
     def _value(self, key: str) -> np.ndarray:
         value = self.sources_map[key]
         if key in self._values:
-            return self._values[key]
-        if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT) and value.node_index >= 0:
-            node = self.node_infos[value.node_index]
-            k = next((j for j, keys in enumerate(node.output_keys) if key in keys), 0)
-            return self._node_output(value.node_index, k)
+            return self._array(self._values, key)
+        if key in self._where:
+            return self._node_output(*self._where[key])
         if value.kind is Kind.PARAM:
-            raise NotCapturedError(f"weight {value.display_name!r} is not stored in this dump: "
-                                   "dump with include_weights=True")
+            raise NotCapturedError(f"weight {value.display_name!r} is not stored in this dump: dump with "
+                                   "include_weights=True (YAML: output: {weights: true})")
         if value.served is Served.UNAVAILABLE:
-            raise NotCapturedError(f"{value.display_name!r} is never computed by the compiled module")
+            raise NotCapturedError(f"{value.display_name!r} is dead code: no output of the source model "
+                                   "depends on it, so the compiled module need not compute it")
+        if value.served is Served.UNKNOWN:
+            raise NotCapturedError(f"tvm_probe could not tell where the compiled module holds "
+                                   f"{value.display_name!r}, so the dump does not hold it")
         if value.served is Served.RECOMPUTED and not self._capture_limited(value):
             raise NotCapturedError(f"{value.display_name!r} is kept inside a fused kernel and this dump was "
                                    "written without recomputed values: dump with recomputed=True")
         raise NotCapturedError(f"{value.display_name!r} is not in this dump: the run captured only some values")
 
 
-def _times_from_trace(nodes: list[NodeInfo], trace: dict) -> None:
-    """Per-node start and duration from the Chrome trace's begin/end events."""
-    begin = {}
-    for event in trace.get("traceEvents", []):
-        if event.get("ph") == "B":
-            begin[event["name"]] = (event["args"]["node"], float(event["ts"]))
-        elif event.get("ph") == "E" and event.get("name") in begin:
-            index, ts = begin.pop(event["name"])
-            if 0 <= index < len(nodes):
-                nodes[index].start_us, nodes[index].time_us = ts, float(event["ts"]) - ts
+def _source_entries(nodes: list[NodeInfo], sources: SourceMap) -> dict[str, tuple[int, int]]:
+    """Source key -> (node, output) for the values a node outputs (captured, views, inputs).
 
-
-def _nodes_from_graph(graph: dict, sources: SourceMap) -> list[NodeInfo]:
-    nodes = []
-    shapes = graph["attrs"]["shape"][1]
-    dtypes = graph["attrs"]["dltype"][1]
-    row_ptr = graph["node_row_ptr"]
-    if len(row_ptr) != len(graph["nodes"]) + 1 or row_ptr[-1] != len(shapes) or len(shapes) != len(dtypes):
-        raise ValueError("node_row_ptr does not match nodes/attrs")
-    for i, entry in enumerate(graph["nodes"]):
-        attrs = entry.get("attrs", {})
-        lo, hi = row_ptr[i], row_ptr[i + 1]
-        output_keys = attrs.get("source_names") if entry["op"] == "tvm_op" else [[entry["name"]]]
-        for keys in output_keys:
+    Raises:
+        ValueError: a node names (as output or kept inside) a source value the sources file
+            does not have.
+    """
+    output_of = {}
+    for n in nodes:
+        for key in (k for keys in n.output_keys for k in keys):
+            if key not in sources:
+                raise ValueError(f"node {n.index} names unknown source {key!r}")
+        for key in n.interior_keys:
+            if key not in sources:
+                raise ValueError(f"node {n.index} names unknown source {key!r} inside it")
+        for j, keys in enumerate(n.output_keys):
             for key in keys:
-                if key not in sources:
-                    raise ValueError(f"node {i} names unknown source {key!r}")
-        nodes.append(NodeInfo(
-            index=i, name=str(entry["name"]), op=str(entry["op"]), symbol=str(attrs.get("func_name", "")),
-            occurrence=int(attrs.get("occurrence", 0)), is_view=bool(attrs.get("view", False)),
-            inputs=[(int(a[0]), int(a[1])) for a in entry["inputs"]],
-            const_inputs=int(attrs.get("const_inputs", 0)),
-            out_shapes=[tuple(int(d) for d in s) for s in shapes[lo:hi]],
-            out_dtypes=[str(d) for d in dtypes[lo:hi]],
-            output_keys=[list(k) for k in output_keys],
-            interior_keys=list(attrs.get("interior_source_names", []))))
-    return nodes
+                output_of.setdefault((n.index, key), j)
+    where = {}
+    for value in sources:
+        if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT) and value.node_index >= 0:
+            node = nodes[value.node_index]
+            j = output_of.get((node.index, value.key))
+            if j is None and len(node.out_shapes) == 1:
+                j = 0  # e.g. an identity of a model input: the input node's only output
+            if j is not None:
+                where[value.key] = (node.index, j)
+    return where

@@ -39,7 +39,10 @@ DLDataType (code, bits) -> dtype name, one element per ``(bits + 7) // 8`` bytes
     (4, 16)          bfloat16             (7..14, 8)       float8_* (see _DTYPES)
 
 bfloat16 and float8_* need the optional ``ml_dtypes`` package to become numpy
-arrays; :func:`read_index` works without it.  Sub-byte types (int4, float4_e2m1fn,
+arrays; :func:`read_index` works without it.
+
+:func:`load` copies every tensor into memory; :class:`MappedParams` maps the file instead and
+reads a tensor's bytes only when it is used (dumps are read this way).  Sub-byte types (int4, float4_e2m1fn,
 float6_*: TVM packs them in memory yet records one byte per element here),
 complex, opaque handles and vector types (lanes > 1) are refused.
 
@@ -52,11 +55,12 @@ reads and writes them like any other tensor.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -64,7 +68,9 @@ __all__ = [
     "LIST_MAGIC",
     "TENSOR_MAGIC",
     "ParamDictError",
+    "DtypeUnavailableError",
     "TensorEntry",
+    "MappedParams",
     "dumps",
     "loads",
     "save",
@@ -109,6 +115,10 @@ _MAX_NBYTES = 2**63 - 1  # data_byte_size is an int64
 
 class ParamDictError(ValueError):
     """The bytes are not a valid param dict; the message names what and where."""
+
+
+class DtypeUnavailableError(ParamDictError):
+    """The tensor is valid but its dtype needs the optional ``ml_dtypes`` package."""
 
 
 @dataclass(frozen=True)
@@ -368,7 +378,8 @@ def view(data, entry: TensorEntry, *, source: str = "<bytes>") -> np.ndarray:
     where = f"{source}: tensor {entry.name!r} at byte {entry.offset}"
     dtype = _numpy_dtype(entry.dtype)
     if dtype is None:
-        raise ParamDictError(f"{where}: dtype {entry.dtype} needs the ml_dtypes package")
+        raise DtypeUnavailableError(f"{where}: dtype {entry.dtype} needs the ml_dtypes package "
+                                    "(pip install ml_dtypes)")
     raw = np.frombuffer(data, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
     if entry.dtype == "bool" and raw.size and raw.max() > 1:
         raise ParamDictError(f"{where}: bool data holds bytes other than 0 and 1")
@@ -392,3 +403,41 @@ def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         data = f.read()
     return loads(data, source=os.fspath(path))
+
+
+class MappedParams(Mapping):
+    """A param-dict file as a read-only ``{name: array}`` mapping that loads nothing up front.
+
+    Opening maps the file into memory and reads the names, dtypes and shapes (:attr:`entries`);
+    each ``[name]`` is a read-only array over the mapped bytes, so the operating system reads a
+    tensor from disk only when it is used, and keeps it only while memory allows.  Copy an
+    array to modify it.
+
+    The mapping stays valid when the file is renamed or deleted (an open file outlives its
+    name), but not when it is truncated in place: only map files that are replaced, not
+    rewritten, while they are read.
+
+    Raises:
+        ParamDictError: the file is not a valid param dict (on opening, for its structure;
+            on ``[name]``, for bool data other than 0/1 or a dtype needing ``ml_dtypes``).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as f:
+            # mmap refuses empty files; an empty buffer gives the parser's "truncated" error
+            empty = os.fstat(f.fileno()).st_size == 0
+            self._data = b"" if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.entries: dict[str, TensorEntry] = {e.name: e for e in read_index(self._data, source=self.path)}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return view(self._data, self.entries[name], source=self.path)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self.entries

@@ -1,0 +1,75 @@
+"""Checking what a user feeds a model against what it takes, before anything runs.
+
+Every problem is one :class:`~tvm_probe.errors.InputError` line naming the input and what to do.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .errors import InputError
+
+
+def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
+    """The inputs as contiguous arrays in ``specs`` order, or an InputError.
+
+    Args:
+        specs: the model's :class:`~tvm_probe.importer.InputSpec` list.
+        inputs: ``{name: array}``, a list of arrays in ``specs`` order, or one array for a model
+            with one input.
+        allow_nonfinite: accept NaN / Inf in float inputs (refused by default: usually a data bug).
+    """
+    expected = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
+    if inputs is None:
+        raise InputError(f"no inputs given: run() needs {expected}")
+    if isinstance(inputs, Mapping):
+        names = [s.name for s in specs]
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}: run() needs {expected}")
+        if extra:
+            raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}: the model's inputs are {expected}")
+        values = [inputs[n] for n in names]
+    elif hasattr(inputs, "__array__") or np.isscalar(inputs):  # one array, not a list of them
+        if len(specs) != 1:
+            raise InputError(f"got one array, the model takes {len(specs)} inputs: give a dict or a list "
+                             f"({expected})")
+        values = [inputs]
+    else:
+        values = list(inputs)
+        if len(values) != len(specs):
+            raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {expected}")
+    return [check_input(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
+
+
+def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
+    """One input: dtype, shape, index bounds of embedding ids, NaN/Inf."""
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
+    if array.dtype != np.dtype(spec.dtype):
+        raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
+                         f"convert it with .astype('{spec.dtype}')")
+    if tuple(array.shape) != tuple(spec.shape):
+        raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
+                         f"{list(spec.shape)}")
+    _check_ids(spec, array)
+    if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
+        nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+        raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values: fix the data, or pass "
+                         "allow_nonfinite=True to run() to trace how they propagate")
+    return np.ascontiguousarray(array)
+
+
+def _check_ids(spec, array: np.ndarray) -> None:
+    """Ids that index a table must be inside it: TVM's compiled Gather does not check bounds."""
+    bound = spec.index_bound
+    if bound is None or not array.size:
+        return
+    low = -bound if getattr(spec, "negative_ids", True) else 0
+    if array.min() < low or array.max() >= bound:
+        raise InputError(f"input {spec.name!r} holds values outside [{low}, {bound}) but indexes "
+                         f"{spec.indexes!r}, which has {bound} rows (TVM's Gather does not check bounds): "
+                         "fix the ids")
