@@ -15,14 +15,14 @@ __version__ = "0.1.0"
 from .errors import (  # noqa: E402  (version first: the dump writer records it)
     AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, ModelError,
     NameLookupError, NotCapturedError, NotRunError, PipelineError, ProbeError, TVMBehaviourChanged,
-    UnknownNameError, UnsupportedOpError, ValueUnavailableError,
+    TVMCompileError, TVMError, TVMRunError, UnknownNameError, UnsupportedOpError, ValueUnavailableError,
 )
 
 __all__ = [
     "Probe", "load_dump", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
-    "TVMBehaviourChanged", "__version__",
+    "TVMBehaviourChanged", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
 ]
 
 

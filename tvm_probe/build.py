@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from .errors import PipelineError, one_line
 from .failures import CompileWarning, PassLog, native_log_to_logging  # noqa: F401  (re-exported)
@@ -46,18 +46,32 @@ class Snapshots:
 
 @dataclass
 class BuiltModel:
-    """The deployed executable and what was seen while it was compiled."""
+    """The deployed executable and what was seen while it was compiled.
+
+    ``warnings`` are TVM's compile warnings, each with the source ops it concerns; they are
+    attributed on first access (that re-runs LegalizeOps one binding at a time: ~0.3 s on
+    BERT-base), so a probe that never looks at them does not pay for it.
+    """
 
     executable: Any
     target: Any
     pipeline: str
     snapshots: Snapshots
-    warnings: list[CompileWarning] = field(default_factory=list)  # TVM's, with the source ops concerned
+    find_warnings: Callable[[], list[CompileWarning]] | None = field(default=None, repr=False)
+    _warnings: list[CompileWarning] | None = field(default=None, repr=False)
 
     @property
     def device(self):
         """The TVM device the executable runs on."""
         return device_for(self.target)
+
+    @property
+    def warnings(self) -> list[CompileWarning]:
+        """TVM's compile warnings with the source ops they concern (see the class docstring)."""
+        if self._warnings is None:
+            self._warnings = self.find_warnings() if self.find_warnings is not None else []
+            self.find_warnings = None  # drop what it kept (modules, logs)
+        return self._warnings
 
 
 def device_for(target):
@@ -176,11 +190,13 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
     executable, build_log = _build(lowered, target, snaps, imported)
-    warnings = []
+    built = BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
     if pipeline_log.warnings() or build_log.warnings():
-        with native_log_to_logging():
-            warnings = failures.attribute_warnings(pipeline_log, passes, target, imported, build_log)
-    return BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps, warnings=warnings)
+        def find_warnings():
+            with native_log_to_logging():
+                return failures.attribute_warnings(pipeline_log, passes, target, imported, build_log)
+        built.find_warnings = find_warnings
+    return built
 
 
 def _build(lowered, target, snaps: Snapshots, imported):

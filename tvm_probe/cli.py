@@ -8,6 +8,7 @@
     tvm-probe report DUMP -o DIR                tables (CSV, HTML) and graph for a dump
     tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
     tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
+    tvm-probe reduce CONFIG -o DIR              smallest sub-model that still fails: a TVM bug report
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.investigate` and the stage modules; the exit statuses in
@@ -105,6 +106,15 @@ def _parser() -> argparse.ArgumentParser:
     spl.add_argument("config", type=Path)
     spl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     spl.add_argument("--atol", type=float, default=1e-5, help="allowed difference (default: 1e-5)")
+    red = command("reduce", help="reduce a model TVM gets wrong to the smallest sub-model that still fails, "
+                                 "written as a standalone reproduction for a TVM bug report",
+                  description="Find the smallest ONNX sub-model on which the config's TVM build still diverges "
+                              "from the reference (or fails to compile) the same way, and write DIR: model.onnx, "
+                              "inputs.npz, expected.npz, repro.py (tvm + onnxruntime + numpy only), README.md.")
+    red.add_argument("config", type=Path)
+    red.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
+    red.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    red.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     return p
 
 
@@ -233,7 +243,17 @@ def _cmd_split(args, progress) -> int:
     return outcome.exit_code
 
 
-_COMMANDS = {"run": _cmd_run, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
+def _cmd_reduce(args, progress) -> int:
+    from .config import load_config
+    from .investigate import reduce_investigation
+
+    result = reduce_investigation(load_config(args.config, args.overrides), args.output, args.overwrite, progress)
+    print(result.summary())
+    print(f"reproduction: {args.output}")
+    return Exit.OK
+
+
+_COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
              "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split}
 
 

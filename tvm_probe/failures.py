@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import re
 import sys
@@ -418,8 +419,8 @@ def _small_constants(func) -> tuple:
 
     def visit(expr):
         if isinstance(expr, tvm.ir.expr.GenericConst):
-            array = expr.value.numpy()
-            if array.size <= _SMALL:
+            if math.prod(int(d) for d in expr.value.shape) <= _SMALL:  # weights are not copied
+                array = expr.value.numpy()
                 found.append((str(array.dtype), array.tobytes()))
         elif isinstance(expr, relax.Call):
             for arg in expr.args:
@@ -566,7 +567,7 @@ def pipeline_failure(err: BaseException, passes: PassLog, target, label: str, im
         elif not found:
             unknown = f"no single op makes {run.name} fail on its own"
         elif imported is None:
-            unknown = "source names are not known (compile an ImportedModel to have them)"
+            unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
         else:
             keys = _source_order((k for b in found for k in keys_of_binding(b.var, b.function, imported.var_keys)),
                                  imported.sources)
@@ -689,7 +690,7 @@ def build_failure(err: BaseException, lowered, target, snapshots, imported=None)
     if not kernels:
         unknown = "no single kernel fails to build on its own"
     elif imported is None:
-        unknown = "source names are not known (compile an ImportedModel to have them)"
+        unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
     else:
         try:
             from .kernel_map import build_kernel_map

@@ -263,3 +263,45 @@ def split_investigation(config: Config, atol: float, progress: Progress) -> Spli
         plan.measure(inputs)
     diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]))) for k in whole)
     return SplitOutcome(plan=plan, cuts=cuts, evenness=evenness, max_difference=diff, atol=atol)
+
+
+# -- tvm-probe reduce ----------------------------------------------------------------------------
+def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
+    """The smallest sub-model on which the config's build still fails as on the whole model,
+    written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.reduce`)."""
+    from .reduce import reduce
+    from .tolerance import Tolerance
+
+    if config.model.kind not in ("onnx", "demo"):
+        raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "
+                          "model: export it to ONNX first")
+    spec = config.reference
+    if spec.runtime not in ("onnxruntime", "tvm"):
+        raise ConfigError(f"{config.source}: reference: reduce compares with onnxruntime or another TVM build "
+                          f"({{tvm: {{pipeline: ..., target: ...}}}}), not {spec.runtime!r}")
+    model = config.model.load()
+    inputs = _graph_inputs(config, model)
+    tolerance = Tolerance(spec.atol, spec.rtol) if spec.atol is not None and spec.rtol is not None else None
+    with progress.stage("reduce") as stage:
+        return reduce(model, inputs, config.target, config.pipeline,
+                      {"tvm": spec.build} if spec.runtime == "tvm" else None, out_dir=out_dir,
+                      overwrite=overwrite, tolerance=tolerance,
+                      progress=lambda step: stage.update(step.total - step.best, max(step.total - 1, 1)))
+
+
+def _graph_inputs(config: Config, model) -> dict[str, np.ndarray]:
+    """The config's inputs for an ONNX model, read from its graph (no TVM import: it may fail)."""
+    from types import SimpleNamespace
+
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    specs = {}
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        shape = tuple(config.model.shapes.get(vi.name, dims))
+        dtype = str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        specs[vi.name] = SimpleNamespace(name=vi.name, shape=shape, dtype=dtype)
+    return _inputs(config, SimpleNamespace(inputs=list(specs.values())), model)

@@ -37,6 +37,7 @@ PLAN_MAGIC = "tvm_probe.plan.1"
 #: The global function a VM's ``set_instrument`` can be given by name, with a session id.
 FACTORY = "tvm_probe.capture.instrument"
 ALIGN = 64  # every tensor in the arena starts on a cache line
+MAX_DIMS = 8  # shapes are stored inline in the C++ plan (kMaxDims)
 
 
 class NativeUnavailable(RuntimeError):
@@ -185,6 +186,9 @@ def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: floa
     bad = [s for s in symbols if not s or any(c.isspace() for c in s)]
     if bad:
         raise NativeUnavailable(f"kernel symbol {bad[0]!r} cannot be written into a native plan")
+    deep = [o for s in sites for o in s.outputs if len(o.shape) > MAX_DIMS]
+    if deep:
+        raise NativeUnavailable(f"a kernel output has {len(deep[0].shape)} dimensions (at most {MAX_DIMS})")
     ids = {s: i for i, s in enumerate(symbols)}
     words: list = [PLAN_MAGIC, arena_bytes, signal_check_ms, len(symbols), *symbols, len(sites)]
     for s in sites:

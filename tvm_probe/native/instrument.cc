@@ -34,6 +34,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <istream>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -50,34 +52,79 @@ namespace ffi = tvm::ffi;
 using Clock = std::chrono::steady_clock;
 
 // ------------------------------------------------------------------------------------- plan
+// The plan is laid out flat (arrays of small structs, no per-site vectors): the instrument reads
+// it right after a kernel has run and evicted most of the cache, and every pointer followed
+// there is a cache miss (measured: ~200 ns a copied site with nested vectors).
+
 /*! \brief What to do with a call site's outputs. */
-enum class Action : int { kNone = 0, kCopy = 1, kEmit = 2 };
+enum class Action : uint8_t { kNone = 0, kCopy = 1, kEmit = 2 };
+
+constexpr int kMaxDims = 8;  // shapes are stored inline; a plan with more dims is refused
 
 /*! \brief One output of a site: where it goes in the arena, and the type it must have. */
 struct Slot {
   int64_t offset = -1;
   int64_t nbytes = 0;
   DLDataType dtype{};
-  std::vector<int64_t> shape;
+  int32_t ndim = 0;
+  int64_t shape[kMaxDims] = {};
 };
 
 /*! \brief One kernel call of the compiled `main` (a CallSite of tvm_probe.kernel_map). */
 struct Site {
-  int symbol = 0;
+  int32_t symbol = 0;
+  int32_t num_inputs = 0;
+  int32_t first_output = 0, num_outputs = 0;      // its outputs: Plan::slots[first_output...]
+  int32_t first_untracked = 0, num_untracked = 0;  // Plan::untracked: argument positions
+  Action action = Action::kNone;                   //   copied before the call
   bool is_view = false;
-  int num_inputs = 0;
-  Action action = Action::kNone;
-  std::vector<int> untracked;  // argument positions copied before the call
-  std::vector<Slot> outputs;
+};
+
+/*! \brief Per distinct symbol: its sites by occurrence, Plan::occurrences[first...]. */
+struct Symbol {
+  int32_t first = 0, count = 0;
+  bool is_view = false;
 };
 
 struct Plan {
-  std::vector<std::string> symbols;             // distinct site symbols
-  std::vector<std::vector<int>> sites_of;       // per symbol: site index by occurrence
+  std::vector<std::string> names;     // distinct site symbols
+  std::vector<Symbol> symbols;
+  std::vector<int32_t> occurrences;   // site indices grouped by symbol, in call order
   std::vector<Site> sites;
+  std::vector<Slot> slots;
+  std::vector<int32_t> untracked;
   int64_t arena_bytes = 0;
-  double signal_check_ms = 20.0;                // how often Ctrl-C is looked for
+  double signal_check_ms = 20.0;      // how often Ctrl-C is looked for
 };
+
+Slot ParseSlot(std::istream& in) {
+  Slot slot;
+  int code = 0, bits = 0, lanes = 0;
+  in >> slot.offset >> slot.nbytes >> code >> bits >> lanes >> slot.ndim;
+  TVM_FFI_CHECK(slot.ndim >= 0 && slot.ndim <= kMaxDims, ValueError)
+      << "tvm_probe plans hold tensors of up to " << kMaxDims << " dimensions, not " << slot.ndim;
+  slot.dtype = DLDataType{static_cast<uint8_t>(code), static_cast<uint8_t>(bits),
+                          static_cast<uint16_t>(lanes)};
+  for (int d = 0; d < slot.ndim; ++d) in >> slot.shape[d];
+  return slot;
+}
+
+/*! \brief Group the sites by symbol, each group in call order (a counting sort). */
+void IndexOccurrences(Plan* plan) {
+  for (const Site& site : plan->sites) ++plan->symbols[site.symbol].count;
+  int32_t first = 0;
+  for (Symbol& symbol : plan->symbols) {
+    symbol.first = first;
+    first += symbol.count;
+    symbol.count = 0;
+  }
+  plan->occurrences.resize(plan->sites.size());
+  for (size_t i = 0; i < plan->sites.size(); ++i) {
+    Symbol& symbol = plan->symbols[plan->sites[i].symbol];
+    plan->occurrences[symbol.first + symbol.count++] = static_cast<int32_t>(i);
+    symbol.is_view = plan->sites[i].is_view;
+  }
+}
 
 /*!
  * \brief Parse the whitespace-separated plan written by tvm_probe/native/__init__.py:
@@ -94,37 +141,74 @@ Plan ParsePlan(const std::string& text) {
   size_t num_symbols = 0, num_sites = 0;
   in >> magic >> plan.arena_bytes >> plan.signal_check_ms >> num_symbols;
   TVM_FFI_CHECK(magic == "tvm_probe.plan.1", ValueError) << "not a tvm_probe plan: " << magic;
+  plan.names.resize(num_symbols);
+  for (auto& name : plan.names) in >> name;
   plan.symbols.resize(num_symbols);
-  for (auto& s : plan.symbols) in >> s;
-  plan.sites_of.resize(num_symbols);
   in >> num_sites;
   plan.sites.resize(num_sites);
   for (size_t i = 0; i < num_sites; ++i) {
     Site& site = plan.sites[i];
     int is_view = 0, action = 0;
-    size_t num_untracked = 0, num_outputs = 0;
-    in >> site.symbol >> is_view >> site.num_inputs >> action >> num_untracked;
+    in >> site.symbol >> is_view >> site.num_inputs >> action >> site.num_untracked;
     site.is_view = is_view != 0;
     site.action = static_cast<Action>(action);
-    site.untracked.resize(num_untracked);
-    for (auto& j : site.untracked) in >> j;
-    in >> num_outputs;
-    site.outputs.resize(num_outputs);
-    for (Slot& slot : site.outputs) {
-      int code = 0, bits = 0, lanes = 0, ndim = 0;
-      in >> slot.offset >> slot.nbytes >> code >> bits >> lanes >> ndim;
-      slot.dtype = DLDataType{static_cast<uint8_t>(code), static_cast<uint8_t>(bits),
-                              static_cast<uint16_t>(lanes)};
-      slot.shape.resize(ndim);
-      for (auto& d : slot.shape) in >> d;
+    site.first_untracked = static_cast<int32_t>(plan.untracked.size());
+    for (int32_t j = 0, position = 0; j < site.num_untracked && in >> position; ++j) {
+      plan.untracked.push_back(position);
     }
+    in >> site.num_outputs;
+    site.first_output = static_cast<int32_t>(plan.slots.size());
+    for (int32_t k = 0; k < site.num_outputs && in; ++k) plan.slots.push_back(ParseSlot(in));
     TVM_FFI_CHECK(in && site.symbol >= 0 && static_cast<size_t>(site.symbol) < num_symbols,
                   ValueError) << "malformed tvm_probe plan at site " << i;
-    plan.sites_of[site.symbol].push_back(static_cast<int>(i));
   }
   TVM_FFI_CHECK(static_cast<bool>(in), ValueError) << "truncated tvm_probe plan";
+  IndexOccurrences(&plan);
   return plan;
 }
+
+/*! \brief Symbol ids by the address of the name the VM passes, after a first lookup by name
+ * (the VM passes the same std::string of its function table every time): open addressing. */
+class SymbolCache {
+ public:
+  static constexpr int kMissing = -3;
+  void Clear() {
+    entries_.assign(64, Entry{});
+    used_ = 0;
+  }
+  int Find(const char* key) const {
+    for (size_t i = Hash(key);; i = (i + 1) & (entries_.size() - 1)) {
+      if (entries_[i].key == key) return entries_[i].id;
+      if (entries_[i].key == nullptr) return kMissing;
+    }
+  }
+  void Insert(const char* key, int id) {
+    if (2 * (used_ + 1) > entries_.size()) Grow();
+    size_t i = Hash(key);
+    while (entries_[i].key != nullptr) i = (i + 1) & (entries_.size() - 1);
+    entries_[i] = Entry{key, id};
+    ++used_;
+  }
+
+ private:
+  struct Entry {
+    const char* key = nullptr;
+    int id = 0;
+  };
+  size_t Hash(const char* key) const {
+    return (reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 32 & (entries_.size() - 1);
+  }
+  void Grow() {
+    std::vector<Entry> old = std::move(entries_);
+    entries_.assign(old.size() * 2, Entry{});
+    used_ = 0;
+    for (const Entry& e : old) {
+      if (e.key != nullptr) Insert(e.key, e.id);
+    }
+  }
+  std::vector<Entry> entries_ = std::vector<Entry>(64);
+  size_t used_ = 0;
+};
 
 // ------------------------------------------------------------------------------------- memory
 /*! \brief 64-byte aligned host memory for the arena (and the times table). */
@@ -168,13 +252,15 @@ class Session {
   enum Stat { kUnexpected = 0, kCopiedBytes = 1, kStopped = 2, kCalled = 3, kNumStats = 4 };
 
   explicit Session(Plan plan) : plan_(std::move(plan)) {
-    for (size_t i = 0; i < plan_.symbols.size(); ++i) by_name_[plan_.symbols[i]] = int(i);
+    for (size_t i = 0; i < plan_.names.size(); ++i) by_name_[plan_.names[i]] = int(i);
     int64_t n = static_cast<int64_t>(plan_.sites.size());
     times_ = HostTensor(2 * n, DLDataType{kDLFloat, 64, 1});
     stats_ = HostTensor(kNumStats, DLDataType{kDLInt, 64, 1});
     times_data_ = static_cast<double*>(times_.data_ptr());
     stats_data_ = static_cast<int64_t*>(stats_.data_ptr());
     seen_.assign(plan_.symbols.size(), 0);
+    signal_period_ = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(plan_.signal_check_ms));
     std::fill(times_data_, times_data_ + 2 * n, NAN);
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
   }
@@ -191,7 +277,7 @@ class Session {
     std::fill(seen_.begin(), seen_.end(), 0);
     std::fill(times_data_, times_data_ + 2 * plan_.sites.size(), NAN);
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
-    symbol_of_ptr_.clear();  // pointers are only known stable within one run of one VM
+    symbol_cache_.Clear();  // pointers are only known stable within one run of one VM
     unexpected_.clear();
     error_.clear();
     arena_ = ffi::Tensor();
@@ -226,28 +312,28 @@ class Session {
   void Call(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
     *rv = 0;  // continue with the call
     const TVMFFIAny* raw = reinterpret_cast<const TVMFFIAny*>(args);
-    int symbol = SymbolOf(raw[1]);
-    if (symbol < 0) {
-      if (symbol == kUnknown && BeforeRun(raw[2])) Unexpected(SymbolName(raw[1]), -1);
+    int id = SymbolOf(raw[1]);
+    if (id < 0) {
+      if (id == kUnknown && BeforeRun(raw[2])) Unexpected(SymbolName(raw[1]), -1);
       return;
     }
-    const std::vector<int>& sites = plan_.sites_of[symbol];
+    const Symbol& symbol = plan_.symbols[id];
     if (BeforeRun(raw[2])) {
-      int occurrence = seen_[symbol]++;
-      if (occurrence >= static_cast<int>(sites.size())) {
-        if (!plan_.sites[sites[0]].is_view) Unexpected(SymbolName(raw[1]), occurrence);
+      int occurrence = seen_[id]++;
+      if (occurrence >= symbol.count) {
+        if (!symbol.is_view) Unexpected(SymbolName(raw[1]), occurrence);
         return;
       }
-      const Site& site = plan_.sites[sites[occurrence]];
-      if (!site.untracked.empty()) EmitUntracked(sites[occurrence], site, raw + 4, num_args - 4);
-      if (site.action == Action::kCopy) PrefetchSlots(site);
+      int index = plan_.occurrences[symbol.first + occurrence];
+      const Site& site = plan_.sites[index];
+      if (site.num_untracked != 0) EmitUntracked(index, site, raw + 4, num_args - 4);
       t_call_ = Clock::now();
       return;
     }
     Clock::time_point t_end = Clock::now();
-    int occurrence = seen_[symbol] - 1;
-    if (occurrence >= static_cast<int>(sites.size())) return;
-    int index = sites[occurrence];
+    int occurrence = seen_[id] - 1;
+    if (occurrence >= symbol.count) return;
+    int index = plan_.occurrences[symbol.first + occurrence];
     const Site& site = plan_.sites[index];
     times_data_[index] = Micros(t_call_ - t0_);
     times_data_[plan_.sites.size() + index] = Micros(t_end - t_call_);
@@ -257,7 +343,7 @@ class Session {
     } else if (site.action == Action::kEmit) {
       EmitOutputs(index, site, args + 3, args + 4, num_args - 4);
     }
-    if (t_end - last_signal_check_ > signal_period()) CheckSignals(t_end);
+    if (t_end - last_signal_check_ > signal_period_) CheckSignals(t_end);
   }
 
  private:
@@ -267,10 +353,6 @@ class Session {
   static bool BeforeRun(const TVMFFIAny& v) { return v.v_int64 != 0; }
   static double Micros(Clock::duration d) {
     return std::chrono::duration<double, std::micro>(d).count();
-  }
-  Clock::duration signal_period() const {
-    return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double, std::milli>(plan_.signal_check_ms));
   }
 
   static std::string SymbolName(const TVMFFIAny& v) {
@@ -282,11 +364,11 @@ class Session {
    * lookup (the VM passes the same std::string of its function table every time). */
   int SymbolOf(const TVMFFIAny& v) {
     if (v.type_index != ffi::TypeIndex::kTVMFFIRawStr) return Classify(SymbolName(v));
-    for (const auto& [ptr, id] : symbol_of_ptr_) {
-      if (ptr == v.v_c_str) return id;
+    int id = symbol_cache_.Find(v.v_c_str);
+    if (id == SymbolCache::kMissing) {
+      id = Classify(v.v_c_str);
+      symbol_cache_.Insert(v.v_c_str, id);
     }
-    int id = Classify(v.v_c_str);
-    symbol_of_ptr_.emplace_back(v.v_c_str, id);
     return id;
   }
 
@@ -310,43 +392,22 @@ class Session {
     throw ffi::Error("RuntimeError", "tvm_probe: " + message, "");
   }
 
-  /*!
-   * \brief Ask for the arena lines this site's outputs will be copied to, before its kernel
-   * runs: a copy into lines already in cache does not wait for them (the arena is cold: it
-   * was last written a run or two ago).  Small outputs only; large ones would not fit anyway.
-   */
-  void PrefetchSlots(const Site& site) const {
-    constexpr int64_t kMaxPrefetch = 64 * 1024;
-    for (const Slot& slot : site.outputs) {
-      const char* dst = arena_data_ + slot.offset;
-      for (int64_t b = 0; b < std::min(slot.nbytes, kMaxPrefetch); b += 64) {
-        __builtin_prefetch(dst + b, 1, 3);
-      }
-    }
-  }
-
   void CopyOutputs(int index, const Site& site, const TVMFFIAny* ret, const TVMFFIAny* args,
                    int num_args) {
-    for (size_t k = 0; k < site.outputs.size(); ++k) {
-      const TVMFFIAny* value = site.is_view ? ret : PositionalOutput(index, site, k, args, num_args);
-      const DLTensor* tensor = AsTensor(*value);
+    if (!site.is_view && site.num_inputs + site.num_outputs > num_args) {
+      Fail(Describe(index, site.num_outputs - 1) + " is missing from the call's arguments");
+    }
+    for (int32_t k = 0; k < site.num_outputs; ++k) {
+      const DLTensor* tensor = AsTensor(site.is_view ? *ret : args[site.num_inputs + k]);
       if (tensor == nullptr) Fail(Describe(index, k) + " is not a tensor");
-      CopyOne(index, k, *tensor, site.outputs[k]);
+      CopyOne(index, k, *tensor, plan_.slots[site.first_output + k]);
     }
   }
 
-  const TVMFFIAny* PositionalOutput(int index, const Site& site, size_t k, const TVMFFIAny* args,
-                                    int num_args) {
-    int position = site.num_inputs + static_cast<int>(k);
-    if (position >= num_args) Fail(Describe(index, k) + " is missing from the call's arguments");
-    return args + position;
-  }
-
-  void CopyOne(int index, size_t k, const DLTensor& tensor, const Slot& slot) {
+  void CopyOne(int index, int k, const DLTensor& tensor, const Slot& slot) {
     bool same_type = tensor.dtype.code == slot.dtype.code && tensor.dtype.bits == slot.dtype.bits &&
-                     tensor.dtype.lanes == slot.dtype.lanes &&
-                     tensor.ndim == static_cast<int>(slot.shape.size()) &&
-                     std::equal(slot.shape.begin(), slot.shape.end(), tensor.shape);
+                     tensor.dtype.lanes == slot.dtype.lanes && tensor.ndim == slot.ndim &&
+                     std::equal(slot.shape, slot.shape + slot.ndim, tensor.shape);
     if (!same_type) Fail(Describe(index, k) + " does not have the shape and dtype compiled for it");
     if (!ffi::IsContiguous(tensor)) Fail(Describe(index, k) + " is not contiguous");
     char* dst = arena_data_ + slot.offset;
@@ -370,23 +431,23 @@ class Session {
 
   void EmitOutputs(int index, const Site& site, const ffi::AnyView* ret,
                    const ffi::AnyView* args, int num_args) {
-    size_t n = site.outputs.size();
-    if (!site.is_view && site.num_inputs + static_cast<int>(n) > num_args) {
+    int32_t n = site.num_outputs;
+    if (!site.is_view && site.num_inputs + n > num_args) {
       Fail(Describe(index, n - 1) + " is missing from the call's arguments");
     }
     std::vector<ffi::AnyView> call(2 + n);
     call[0] = 1;
     call[1] = index;
-    for (size_t k = 0; k < n; ++k) call[2 + k] = site.is_view ? ret[0] : args[site.num_inputs + k];
+    for (int32_t k = 0; k < n; ++k) call[2 + k] = site.is_view ? ret[0] : args[site.num_inputs + k];
     CallBack(call);
   }
 
   void EmitUntracked(int index, const Site& site, const TVMFFIAny* args, int num_args) {
-    std::vector<ffi::AnyView> call(2 + site.untracked.size());
+    std::vector<ffi::AnyView> call(2 + site.num_untracked);
     call[0] = 0;
     call[1] = index;
-    for (size_t i = 0; i < site.untracked.size(); ++i) {
-      int j = site.untracked[i];
+    for (int32_t i = 0; i < site.num_untracked; ++i) {
+      int j = plan_.untracked[site.first_untracked + i];
       if (j >= num_args) Fail("argument " + std::to_string(j) + " of call site " +
                               std::to_string(index) + " is missing");
       call[2 + i] = reinterpret_cast<const ffi::AnyView*>(args)[j];
@@ -406,9 +467,9 @@ class Session {
     if (TVMFFIEnvCheckSignals() != 0) throw ffi::EnvErrorAlreadySet();
   }
 
-  std::string Describe(int index, size_t k) const {
+  std::string Describe(int index, int k) const {
     return "output " + std::to_string(k) + " of call site " + std::to_string(index) + " (" +
-           plan_.symbols[plan_.sites[index].symbol] + ")";
+           plan_.names[plan_.sites[index].symbol] + ")";
   }
 
   /*! \brief An arena nobody outside holds (numpy views of a former run keep theirs busy). */
@@ -426,8 +487,9 @@ class Session {
 
   Plan plan_;
   std::unordered_map<std::string, int> by_name_;
-  std::vector<std::pair<const char*, int>> symbol_of_ptr_;
-  std::vector<int> seen_;
+  SymbolCache symbol_cache_;
+  std::vector<int> seen_;  // per symbol: calls so far in this run
+  Clock::duration signal_period_;
   ffi::Tensor times_, stats_;
   double* times_data_ = nullptr;
   int64_t* stats_data_ = nullptr;
