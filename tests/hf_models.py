@@ -1,11 +1,14 @@
-"""Hugging Face models as users export them: dynamic axes, both torch ONNX exporters.
+"""Models as users have them: Hugging Face exports with dynamic axes, BERT as BERT-pytorch writes it.
 
-The models are ``transformers`` classes built from a config with seeded random weights (no hub
-download, nothing leaves the machine), kept tiny: hidden 32, 2 layers, 4 heads, sequence 8.
-They carry the constructs current exporters emit for dynamic axes: transformers-5 attention
-masks (``ConstantOfShape``/``And`` in the legacy exporter), ``view``/``reshape`` from shape
-arithmetic (``Shape → Gather → Concat``, ``sym_size`` in the dynamo exporter), causal masks
-built from ``Range``/``Expand``.
+The Hugging Face models are ``transformers`` classes built from a config with seeded random
+weights (no hub download, nothing leaves the machine), kept tiny: hidden 32, 2 layers, 4 heads,
+sequence 8.  Exported with dynamic axes they carry the constructs current exporters emit:
+transformers-5 attention masks (``ConstantOfShape``/``And`` in the legacy exporter),
+``view``/``reshape`` from shape arithmetic (``Shape → Gather → Concat``, ``sym_size`` in the
+dynamo exporter), causal masks built from ``Range``/``Expand``.
+
+:class:`UpstreamBERT` is codertimo/BERT-pytorch's architecture, written here, whose attention
+masks with ``masked_fill(mask == 0, ...)`` on a bool mask (the ``bool_compare_constant`` fix).
 
 This module is a helper, not a test file.
 """
@@ -100,7 +103,8 @@ class _LayerNorm(torch.nn.Module):
 
     def __init__(self, size: int, eps: float = 1e-6):
         super().__init__()
-        self.a_2, self.b_2, self.eps = torch.nn.Parameter(torch.ones(size)), torch.nn.Parameter(torch.zeros(size)), eps
+        self.a_2, self.b_2 = torch.nn.Parameter(torch.ones(size)), torch.nn.Parameter(torch.zeros(size))
+        self.eps = eps
 
     def forward(self, x):
         return self.a_2 * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + self.eps) + self.b_2
@@ -142,7 +146,8 @@ class _SublayerConnection(torch.nn.Module):
 class _FeedForward(torch.nn.Module):
     def __init__(self, hidden: int, inner: int):
         super().__init__()
-        self.w_1, self.w_2, self.activation = torch.nn.Linear(hidden, inner), torch.nn.Linear(inner, hidden), torch.nn.GELU("tanh")
+        self.w_1, self.w_2 = torch.nn.Linear(hidden, inner), torch.nn.Linear(inner, hidden)
+        self.activation = torch.nn.GELU("tanh")
 
     def forward(self, x):
         return self.w_2(self.activation(self.w_1(x)))

@@ -106,7 +106,7 @@ def test_names_resolve_by_node_name_tensor_name_suffix_and_glob(bert_probe, bert
     softmaxes = bert_probe.get_all("*/attention/self/Softmax")
     assert list(softmaxes) == [f"tf_bert_for_sequence_classification/bert/encoder/layer_._{i}/attention/self/Softmax"
                                for i in (0, 1)]
-    with pytest.raises(AmbiguousNameError, match="matches 2 source values.*layer_._0.*layer_._1"):
+    with pytest.raises(AmbiguousNameError, match="names 2 different values.*layer_._0.*layer_._1"):
         bert_probe.get("attention/self/MatMul")
     with pytest.raises(UnknownNameError, match="did you mean.*layer_._0/attention/self/MatMul"):
         bert_probe.get("tf_bert_for_sequence_classification/bert/encoder/layer_._0/attention/self/MatMull")

@@ -15,7 +15,6 @@ from tvm_probe import ModelError, PipelineError, Probe
 from tvm_probe.build import compile_with_snapshots
 from tvm_probe.importer.fixes import FIXES, AppliedFix, unfixed_hint
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.kernel_map import build_kernel_map
 from tvm_probe.reference.onnxruntime import onnxruntime_values
 
 PIPELINES = ["default", "fused"]

@@ -24,7 +24,8 @@ from tvm_probe.errors import TVMBehaviourChanged
 from tvm_probe.kernel_map import ArgKind, ArgSource, KernelMap
 
 HAS_TOOLS = shutil.which(os.environ.get("CXX", "c++")) is not None and shutil.which("ninja") is not None
-needs_native = pytest.mark.skipif(not HAS_TOOLS, reason="no C++ compiler or ninja: only the Python instrument exists")
+needs_native = pytest.mark.skipif(not HAS_TOOLS,
+                                  reason="no C++ compiler or ninja: only the Python instrument exists")
 WANTED = "layer_._0/attention/self/MatMul"  # fused away under "fused": needs its kernel's inputs
 
 
@@ -71,19 +72,52 @@ def test_an_unknown_instrument_is_refused_with_the_choices(fused_bert_probe, mon
 
 def test_without_a_compiler_the_python_instrument_runs_and_says_why(tmp_path):
     """A fresh cache and no compiler on PATH: the build is not possible, the run still works."""
-    script = textwrap.dedent(f"""
-        from tvm_probe import Probe, demo
+    script = textwrap.dedent("""
+        from tvm_probe import Probe, ProbeError, demo
+        from tvm_probe.capture import DebugExecutor
         model = demo.tiny_bert()
         probe = Probe.from_onnx(model, pipeline="fused")
         probe.run(demo.demo_inputs(model))
         print(probe._capture.instrument, "|", probe._executor.fallback_reason)
+        try:
+            DebugExecutor(probe.built, probe.kernel_map, instrument="native")
+        except ProbeError as err:
+            print(err)
     """)
     env = dict(os.environ, PATH=str(tmp_path), CXX=str(tmp_path / "no-such-c++"),
                TVM_PROBE_CACHE_DIR=str(tmp_path / "cache"))
     env.pop(INSTRUMENT_ENV, None)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == f"python | {tmp_path / 'no-such-c++'} and ninja not found on PATH"
+    missing = f"{tmp_path / 'no-such-c++'} and ninja not found on PATH"
+    assert out.stdout.splitlines() == [
+        f"python | {missing}",
+        f"the native instrument is unavailable: {missing}; set {INSTRUMENT_ENV}=auto or python to use the "
+        "Python instrument"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_failed_build_falls_back_once_and_leaves_no_library(tmp_path):
+    """A compiler that fails (``false``): the Python instrument runs, the reason is the build's,
+    and no half-built library is left where the next process would load it."""
+    if shutil.which("ninja") is None or shutil.which("false") is None:
+        pytest.skip("needs ninja and false")
+    script = textwrap.dedent("""
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from tvm_probe import Probe, demo
+        from tvm_probe.capture import DebugExecutor
+        model = demo.tiny_bert()
+        probe = Probe.from_onnx(model, pipeline="fused")
+        again = DebugExecutor(probe.built, probe.kernel_map)
+        print(probe._executor.instrument, again.instrument, "|", probe._executor.fallback_reason)
+    """)
+    env = dict(os.environ, CXX=shutil.which("false"), TVM_PROBE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop(INSTRUMENT_ENV, None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ("python python | building or loading instrument.cc failed: "
+                                  "ninja exited with status 1")
+    assert out.stderr.count("building tvm_probe's native instrument") == 1, "tried once per process"
+    assert list((tmp_path / "cache").rglob("*.so")) == []
 
 
 # -- the same capture from both instruments -------------------------------------------------------
@@ -228,17 +262,25 @@ def test_a_vm_can_be_instrumented_by_the_registered_factory(fused_bert_probe, be
     vm["main"](*[tvm.runtime.tensor(bert_inputs[s.name]) for s in probe.inputs])
     assert session.stats[native.CALLED] == len(sites) and session.stats[native.UNEXPECTED] == 0
     assert not np.isnan(session.times).any()
+    session.end()
     probe.run(bert_inputs)
     expected = probe._capture.outputs[site.index][0]
-    got = session.arena()[slots[0].offset: slots[0].offset + slots[0].nbytes].view(expected.dtype)
+    arena = session.arena()
+    got = arena[slots[0].offset: slots[0].offset + slots[0].nbytes].view(expected.dtype)
     np.testing.assert_array_equal(got.reshape(expected.shape), expected)
+    # after end(), a run nobody began leaves the session alone (the VM keeps its instrument)
+    before, kept = session.times.copy(), arena.copy()
+    vm["main"](*[tvm.runtime.tensor(bert_inputs[s.name]) for s in probe.inputs])
+    np.testing.assert_array_equal(session.times, before)
+    np.testing.assert_array_equal(arena, kept)
 
 
 def slow_model(layers=6, n=512):
     """``layers`` chained MatMuls of ``n × n`` (untuned: tens of ms each): a run long enough to
     interrupt in the middle."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32) / n, f"w{i}") for i in range(layers)]
+    inits = [numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32) / n, f"w{i}")
+             for i in range(layers)]
     nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"], name=f"mm{i}")
              for i in range(layers)]
     graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],

@@ -65,10 +65,10 @@ def bool_mask_bert():
     return imported
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pipeline, kernel, also", [
     ("default", "equal", ""),
-    ("fused", "fused_reshape5_divide1_equal_where", " (the kernel also computes 'view_11', 'div_1', 'where' and 3 more)"),
+    ("fused", "fused_reshape5_divide1_equal_where",
+     " (the kernel also computes 'view_11', 'div_1', 'where' and 3 more)"),
 ])
 def test_bool_mask_build_failure_names_kernel_and_source_ops(bool_mask_bert, pipeline, kernel, also):
     imported = bool_mask_bert
@@ -165,6 +165,25 @@ def test_a_failing_whole_module_pass_is_named_without_guessing_an_op():
     assert err.value.failure.keys == () and err.value.failure.error_type == "ValueError"
 
 
+def test_an_op_a_pass_rebuilt_is_not_given_a_source_name():
+    """A pass before LegalizeOps that makes new Vars: the failing op is found but has no name."""
+    import tvm
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name="FreshVars")
+    def fresh_vars(mod, ctx):
+        return tvm.IRModule({gv: relax.utils.copy_with_new_vars(f) if isinstance(f, relax.Function) else f
+                             for gv, f in mod.functions.items()}, attrs=mod.attrs)
+
+    model, _ = _empty_slice()
+    imported = import_onnx(model)
+    pipeline = tvm.transform.Sequential([fresh_vars, relax.get_pipeline("default")], name="renamed")
+    with pytest.raises(TVMCompileError) as err:
+        compile_with_snapshots(imported.mod, "llvm", pipeline, imported=imported)
+    assert _one_line(err).startswith("pipeline 'renamed' failed for target llvm in pass LegalizeOps (the failing "
+                                     "op (relax.strided_slice) has no source name): Check failed: ")
+
+
 # ------------------------------------------------------------------------------ warnings
 def _pow_gather_model(exponent: float = 3.0):
     nodes = [helper.make_node("Pow", ["x", "exponent"], ["y"], name="cube"),
@@ -206,7 +225,6 @@ def test_warnings_without_source_names_are_not_attributed():
     assert [(w.message, w.keys) for w in built.warnings] == [(POW_WARNING, ()), (GATHER_WARNING, ())]
 
 
-@pytest.mark.slow
 def test_torch_pow_warning_names_fx_nodes_and_lines():
     pytest.importorskip("torch")
     from handwritten_models import codertimo_bert
@@ -290,7 +308,8 @@ def test_tvm_message_keeps_the_lines_that_say_what_failed():
         "%9 = fcmp oeq i1 %8, false",
         "LLVM module verification failed with the following errors:\nInvalid operand types for FCmp instruction\n"
         "%9 = fcmp oeq i1 %8, false, !dbg !169")
-    assert tvm_message(ValueError("Check failed: (x) is false: : bad"))[0] == "Check failed: (x) is false: bad"
+    assert tvm_message(ValueError("Check failed: (x) is false: : bad in tvm::topi"))[0] == (
+        "Check failed: (x) is false: bad in tvm::topi")
 
 
 def test_stack_origin_is_the_users_line_on_a_real_export():
@@ -304,7 +323,8 @@ def test_stack_origin_is_the_users_line_on_a_real_export():
     assert origin["eq"] == f"{HANDWRITTEN}:{_line_of('(mask == 0)')}"
     # nn.Embedding's own frames are PyTorch's: the user's line is the one that called it
     assert origin["embedding"] == f"{HANDWRITTEN}:{_line_of('self.token(sequence)')}"
-    assert origin["tokens"] == "" and stack_origin(None) == ""  # inputs have no stack trace
+    first_input = next(n.name for n in program.graph.nodes if n.op == "placeholder")
+    assert origin[first_input] == "" and stack_origin(None) == ""  # inputs have no stack trace
 
 
 def _failed_import():

@@ -15,6 +15,10 @@ Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are i
 * ``call_graph``  — just before ``ToNonDataflow`` (else ``CallTIRRewrite``): the last module whose
   ``main`` still binds each kernel call to a Var that the earlier snapshots share.  Its kernel
   calls, in order, are the kernel calls the VM makes.
+
+The same instrument records which pass runs when (:class:`~tvm_probe.failures.PassLog`), and
+what TVM prints on stderr goes to ``logging``.  When a pass or the build fails, or TVM warns,
+:mod:`tvm_probe.failures` names the pass or kernel and the source ops concerned.
 """
 from __future__ import annotations
 
@@ -140,15 +144,16 @@ def _instrument(snaps: Snapshots, passes: PassLog | None = None):
     return _Snapshot()
 
 
-def _context_with(instrument):
-    """The current PassContext (opt level, config, instruments) plus ``instrument``."""
+def _context_with(instrument=None):
+    """The current PassContext (opt level, config, instruments) plus ``instrument``; with None,
+    the current settings without any instrument (for tvm_probe's own re-runs of passes)."""
     import tvm
 
     cur = tvm.transform.PassContext.current()
+    instruments = list(cur.instruments) + [instrument] if instrument is not None else []
     return tvm.transform.PassContext(
         opt_level=cur.opt_level, required_pass=list(cur.required_pass),
-        disabled_pass=list(cur.disabled_pass), instruments=list(cur.instruments) + [instrument],
-        config=dict(cur.config))
+        disabled_pass=list(cur.disabled_pass), instruments=instruments, config=dict(cur.config))
 
 
 def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", imported=None) -> BuiltModel:
@@ -174,6 +179,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
     target = parse_target(target)
     pass_, label = resolve_pipeline(pipeline, target)
     snaps = Snapshots()
+    settings = _context_with()  # for re-running passes: the user's settings, no instruments
     error = None
     with native_log_to_logging() as pipeline_log:
         passes = PassLog(pipeline_log)
@@ -181,25 +187,27 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
             with target, _context_with(_instrument(snaps, passes)):
                 lowered = pass_(mod)
         except Exception as err:
-            error = failures.pipeline_failure(err, passes, target, label, imported, snaps)
+            with settings:
+                error = failures.pipeline_failure(err, passes, target, label, imported, snaps)
             failures.release_native(err)  # what TVM logs as its objects go is logged here
     if error is not None:
+        failures.log_details(error)
         raise error
     if snaps.call_graph is None:
         raise PipelineError(
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
-    executable, build_log = _build(lowered, target, snaps, imported)
+    executable, build_log = _build(lowered, target, snaps, imported, settings)
     built = BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
     if pipeline_log.warnings() or build_log.warnings():
         def find_warnings():
-            with native_log_to_logging():
+            with native_log_to_logging(), settings:
                 return failures.attribute_warnings(pipeline_log, passes, target, imported, build_log)
         built.find_warnings = find_warnings
     return built
 
 
-def _build(lowered, target, snaps: Snapshots, imported):
+def _build(lowered, target, snaps: Snapshots, imported, settings):
     """``relax.build`` of the lowered module (exactly what the pipeline produced), and what TVM
     logged meanwhile."""
     from tvm import relax
@@ -211,9 +219,11 @@ def _build(lowered, target, snaps: Snapshots, imported):
         try:
             executable = relax.build(lowered, target, relax_pipeline=None)
         except Exception as err:
-            error = failures.build_failure(err, lowered, target, snaps, imported)
+            with settings:
+                error = failures.build_failure(err, lowered, target, snaps, imported)
             failures.release_native(err)
     if error is not None:
+        failures.log_details(error)
         raise error
     return executable, build_log
 

@@ -45,7 +45,8 @@ import numpy as np
 
 from .errors import ProbeError, TVMBehaviourChanged
 from .kernel_map import VIEW_SYMBOL, ArgKind, KernelMap
-from .native import CALLED, COPIED_BYTES, STOPPED, UNEXPECTED
+from . import native
+from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ NATIVE, PYTHON = "native", "python"
 INSTRUMENT_ENV = "TVM_PROBE_INSTRUMENT"
 _CHOICES = ("auto", NATIVE, PYTHON)
 _MAX_PLANS = 16  # native plans kept per executor (one per distinct CapturePlan)
+_DL_CPU = 1  # DLPack's kDLCPU
 
 
 @dataclass(frozen=True)
@@ -115,27 +117,32 @@ class DebugExecutor:
         self._main = self.vm["main"]
         self._installed = None  # the instrument the VM holds now
         self.instrument, self.fallback_reason = PYTHON, None
-        self._native = None
-        choice = instrument or os.environ.get(INSTRUMENT_ENV) or "auto"
+        self._native: _NativeExecutor | None = None
+        self._choose(instrument or os.environ.get(INSTRUMENT_ENV) or "auto", explicit=instrument is not None)
+
+    def _choose(self, choice: str, explicit: bool) -> None:
+        """Set up the instrument ``choice`` names; on "auto", say why when it is not native."""
         if choice not in _CHOICES:
             raise ProbeError(f"instrument must be one of {', '.join(_CHOICES)}, got {choice!r} "
-                             f"(from {'the argument' if instrument else INSTRUMENT_ENV})")
-        if choice != PYTHON:
-            self._native = self._try_native(choice == NATIVE)
-            self.instrument = NATIVE if self._native is not None else PYTHON
-
-    def _try_native(self, required: bool) -> "_NativeExecutor | None":
-        from .native import NativeUnavailable
-
+                             f"(from {'the argument' if explicit else INSTRUMENT_ENV})")
+        if choice == PYTHON:
+            return
+        if choice == "auto" and self._device.dlpack_device_type() != _DL_CPU:
+            # the native device-to-host copy (TVM's TVMTensorCopyToBytes, as Tensor.numpy()
+            # uses) has not been checked on a GPU yet: opt in with TVM_PROBE_INSTRUMENT=native
+            self.fallback_reason = (f"the native instrument is used on {self._device.device_name} only when "
+                                    f"{INSTRUMENT_ENV}=native")
+            return
         try:
-            return _NativeExecutor(self._km)
+            self._native = _NativeExecutor(self._km)
         except NativeUnavailable as err:
-            if required:
+            if choice == NATIVE:
                 raise ProbeError(f"the native instrument is unavailable: {err}; set {INSTRUMENT_ENV}="
                                  "auto or python to use the Python instrument") from None
             self.fallback_reason = str(err)
             log.info("native instrument unavailable (%s): using the Python instrument", err)
-            return None
+            return
+        self.instrument = NATIVE
 
     def to_device(self, arrays: list[np.ndarray]):
         import tvm
@@ -291,8 +298,6 @@ class _NativeExecutor:
     """The native instrument for one kernel map: plans per CapturePlan, sessions kept warm."""
 
     def __init__(self, km: KernelMap):
-        from . import native
-
         self._lib = native.load()
         self._km = km
         # every output dtype must have a byte-exact numpy form, or no plan could copy it
@@ -319,23 +324,21 @@ class _NativePlan:
     _POOL = 2  # arenas kept: the one the last run's Capture holds, and one to fill
 
     def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict):
-        from .native import COPY, EMIT, NativeSite, Slot, encode_plan, layout
-
         sites, offset = [], 0
         self.slots: dict[int, tuple] = {}           # site → arena slots of its outputs
         self.untracked: dict[int, tuple[int, ...]] = {}
         for s in km.sites:
             action = 0 if not plan.wants_output(s.index) else EMIT if streaming else COPY
             if action == COPY:
-                slots, offset = layout(list(zip(s.out_shapes, s.out_dtypes)), offset)
+                slots, offset = native.layout(list(zip(s.out_shapes, s.out_dtypes)), offset)
                 self.slots[s.index] = tuple(slots)
             else:  # shapes are only checked where copied; the count tells how many outputs
-                slots = [Slot(-1, 0, d, tuple(shape)) for shape, d in zip(s.out_shapes, s.out_dtypes)]
+                slots = [native.Slot(-1, 0, d, tuple(shape)) for shape, d in zip(s.out_shapes, s.out_dtypes)]
             if s.index in plan.untracked_inputs:
                 self.untracked[s.index] = tuple(j for j, a in enumerate(s.args) if a.kind == ArgKind.UNTRACKED)
-            sites.append(NativeSite(s.symbol, s.is_view, s.num_inputs, action,
-                                    self.untracked.get(s.index, ()), tuple(slots)))
-        self.session = lib.open(encode_plan(sites, offset))
+            sites.append(native.NativeSite(s.symbol, s.is_view, s.num_inputs, action,
+                                           self.untracked.get(s.index, ()), tuple(slots)))
+        self.session = lib.open(native.encode_plan(sites, offset))
         self.instrument = self.session.instrument()
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
@@ -391,8 +394,7 @@ class _NativeCalls:
 
     def __exit__(self, *_exc) -> None:
         session = self.prepared.session
-        if self._events:
-            session.end()
+        session.end()
         self.stats = session.stats.tolist()
 
     def _on_event(self, kind: int, site: int, *tensors) -> None:

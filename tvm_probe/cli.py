@@ -128,6 +128,8 @@ def _cmd_run(args, progress) -> int:
     probe = outcome.probe
     served = probe.sources["served"].value_counts()
     print(f"{len(probe.node_infos)} graph nodes; source values: " + ", ".join(f"{k} {v}" for k, v in served.items()))
+    for line in probe.findings():
+        print(line)
     if outcome.dump:
         print(f"dump: {outcome.dump}")
     for kind, path in outcome.report.items():
@@ -270,9 +272,9 @@ def main(argv=None) -> int:
     try:
         status = _COMMANDS[args.command](args, progress)
     except TVMError as err:
-        status = _error(f"TVM failed: {err}", Exit.TVM_FAILED)
+        status = _error(f"TVM failed: {err}", Exit.TVM_FAILED, err)
     except ProbeError as err:
-        status = _error(f"error: {err}", Exit.BAD_INPUT)
+        status = _error(f"error: {err}", Exit.BAD_INPUT, err)
     except KeyboardInterrupt:  # dumps and reports are written atomically: nothing half-written remains
         status = _error("error: interrupted (no partial dump or report is left behind)", Exit.BAD_INPUT)
     except BrokenPipeError:  # `tvm-probe get ... | head`
@@ -296,7 +298,15 @@ def console_main() -> None:
     sys.exit(status)
 
 
-def _error(message: str, status: Exit) -> Exit:
+def _error(message: str, status: Exit, err: BaseException | None = None) -> Exit:
+    """Print the one-line error, after freeing the TVM objects ``err``'s traceback holds: a failed
+    importer's BlockBuilder logs "destroyed with remaining blocks!" when freed, and that belongs
+    in the log (-v), not after the line on stderr."""
+    if err is not None:
+        from .failures import native_log_to_logging, release_native
+
+        with native_log_to_logging():
+            release_native(err)
     print(f"tvm-probe: {message}", file=sys.stderr)
     return status
 

@@ -17,9 +17,9 @@ TVM failed or warned and names that place in source terms:
 * a **run fails** (the VM raises): the call site being run names the kernel and its source ops
   (:func:`run_failure`).
 
-All of this work happens only after TVM failed or warned, on copies of what the pipeline saw;
-the module a probe deploys is never changed.  What cannot be pinned down is said to be unknown,
-never guessed.  TVM is imported lazily.
+All of this work happens only after TVM failed or warned, on the modules the pipeline saw
+(IRModules are immutable): the module a probe deploys is never changed.  What cannot be pinned
+down is said to be unknown, never guessed.  TVM is imported lazily.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class CompileWarning:
     ops: tuple[str, ...] = ()
 
     def summary(self, sources=None) -> str:
-        """One line: ``TVM warns at 'cube' (Pow): Detected pow(x, y) ...`` (names from ``sources``)."""
+        """One line: ``TVM warns at source op 'cube' (Pow): Detected pow(x, y) ...`` (names from ``sources``)."""
         if not self.keys:
             return f"TVM warns ({self.where}, not tied to a source op): {self.message}"
         return f"TVM warns at {describe_ops(self.keys, sources)}: {self.message}"
@@ -126,7 +126,7 @@ class TVMFailure:
 
 # ------------------------------------------------------------------------------ TVM's words
 _DEBUG_INFO = re.compile(r",?\s*!dbg !\d+")
-_EMPTY_CLAUSE = re.compile(r":\s*:")
+_EMPTY_CLAUSE = re.compile(r": +:")  # TVM's "is false: : why" (not C++'s "::")
 _NATIVE_LINE = re.compile(r"^\[[\d:.]+\] (?P<file>[^\s:]+):(?P<line>\d+): (?P<level>[A-Za-z]+): (?P<text>.*)$")
 
 
@@ -192,10 +192,7 @@ class NativeLog:
         """Bytes captured so far (0 when stderr could not be captured)."""
         if self._sink is None:
             return 0
-        try:
-            sys.stderr.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
+        _flush_stderr()
         return os.fstat(self._sink.fileno()).st_size
 
     def warnings(self) -> list[tuple[int, str]]:
@@ -214,6 +211,17 @@ class NativeLog:
         return [(offset, text) for offset, text in found if text not in _NOT_ABOUT_THE_MODEL]
 
 
+_STDERR = 2
+
+
+def _flush_stderr() -> None:
+    """Flush what Python buffered for stderr, so that it lands on the right side of a redirect."""
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 @contextlib.contextmanager
 def native_log_to_logging(forward: bool = True) -> Iterator[NativeLog]:
     """Send what TVM's C++ code prints to stderr while compiling to ``logging`` instead.
@@ -224,24 +232,20 @@ def native_log_to_logging(forward: bool = True) -> Iterator[NativeLog]:
     ``forward=False`` they are only kept in the yielded :class:`NativeLog`.
     """
     native = NativeLog()
+    _flush_stderr()
     try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # stderr replaced (e.g. a notebook): leave it
+        saved = os.dup(_STDERR)  # TVM's C++ log writes to file descriptor 2, whatever sys.stderr is
+    except OSError:  # no stderr at all: nothing to capture
         yield native
         return
-    sys.stderr.flush()
-    saved = os.dup(fd)
     with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), fd)
+        os.dup2(sink.fileno(), _STDERR)
         native._sink = sink
         try:
             yield native
         finally:
-            try:
-                sys.stderr.flush()
-            except (AttributeError, OSError, ValueError):
-                pass
-            os.dup2(saved, fd)
+            _flush_stderr()
+            os.dup2(saved, _STDERR)
             os.close(saved)
             native._sink = None
             sink.seek(0)
@@ -323,7 +327,6 @@ class _Binding:
 
     var: Any
     op: str
-    function: Any          # the Relax function it is bound in
     module: Any            # a module holding only a function that makes this one binding
 
 
@@ -373,10 +376,9 @@ def _bindings(mod) -> Iterator[_Binding]:
                 try:
                     small = _single_binding_module(mod, binding, isinstance(block, relax.DataflowBlock),
                                                    bool(getattr(func, "is_pure", True)))
-                except Exception as err:  # a binding this cannot isolate: it is not tried
-                    log.info("cannot isolate binding %s: %s", binding.var.name, tvm_message(err)[0])
+                except Exception:  # a binding that cannot be isolated is not tried (nor blamed)
                     continue
-                yield _Binding(binding.var, _op_name(binding.value), func, small)
+                yield _Binding(binding.var, _op_name(binding.value), small)
 
 
 class _Deduplicated:
@@ -461,25 +463,37 @@ def _failing_bindings(run: PassRun, target, original: BaseException) -> list[_Bi
 
 
 # ------------------------------------------------------------------------------ source names
-def keys_of_binding(var, function, var_keys: dict) -> tuple[str, ...]:
-    """The source values a binding of ``function`` computes, or belongs to.
+class BindingNames:
+    """The source values each binding of an imported module computes, or belongs to.
 
     A Var the importer tagged names itself.  A converter may emit helper bindings before the
-    one it returns (Gather normalises negative indices first); such an untagged binding
-    belongs to the first tagged binding that uses it, directly or through other helpers.
+    one it returns (Gather normalises negative indices first); an untagged binding of the
+    imported module belongs to the op of the binding that first uses it (and so on, to a tagged
+    one).  A binding a pass created is not in the imported module: it has no source name.
     """
-    if var in var_keys:
-        return tuple(var_keys[var])
-    from tvm import relax
 
-    bindings = [b for block in function.body.blocks for b in block.bindings]
-    reached = {var}
-    for binding in bindings:
-        if any(v in reached for v in relax.analysis.free_vars(binding.value)):
-            if binding.var in var_keys:
-                return tuple(var_keys[binding.var])
-            reached.add(binding.var)
-    return ()
+    def __init__(self, imported):
+        from tvm import relax
+
+        self.var_keys = imported.var_keys
+        self.first_user: dict = {}
+        for _, func in imported.mod.functions.items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    self.first_user.setdefault(binding.var, None)
+                    for used in relax.analysis.free_vars(binding.value):
+                        if self.first_user.get(used, binding.var) is None:
+                            self.first_user[used] = binding.var
+
+    def of(self, var) -> tuple[str, ...]:
+        """The keys of the source values ``var`` computes or belongs to (empty when none)."""
+        seen = set()
+        while var is not None and var not in self.var_keys and var not in seen:
+            seen.add(var)
+            var = self.first_user.get(var)
+        return tuple(self.var_keys[var]) if var is not None and var in self.var_keys else ()
 
 
 def _source_order(keys: Iterable[str], sources) -> tuple[str, ...]:
@@ -552,7 +566,11 @@ def _unfixed_note(imported, keys: Iterable[str]) -> str:
 # ------------------------------------------------------------------------------ pipeline failures
 def pipeline_failure(err: BaseException, passes: PassLog, target, label: str, imported=None,
                      snapshots=None) -> TVMCompileError:
-    """The error for a pipeline that raised ``err``: the pass, the source ops, TVM's message."""
+    """The error for a pipeline that raised ``err``: the pass, the source ops, TVM's message.
+
+    Call it inside :func:`native_log_to_logging` (it runs TVM again); log the error's
+    ``details`` after that (a log line written inside the capture would land in it).
+    """
     message, details = tvm_message(err)
     run = passes.failing
     keys: tuple[str, ...] = ()
@@ -569,18 +587,25 @@ def pipeline_failure(err: BaseException, passes: PassLog, target, label: str, im
         elif imported is None:
             unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
         else:
-            keys = _source_order((k for b in found for k in keys_of_binding(b.var, b.function, imported.var_keys)),
-                                 imported.sources)
+            names = BindingNames(imported)
+            keys = _source_order((k for b in found for k in names.of(b.var)), imported.sources)
             if not keys:
                 ops = ", ".join(sorted({b.op for b in found}))
                 unknown = f"the failing op ({ops}) has no source name"
     at = f" at {describe_ops(keys, imported.sources)}" if keys else f" ({unknown})" if unknown else ""
     note = _unfixed_note(imported, keys) if imported is not None else ""
-    text = f"pipeline {label!r} failed for target {target.kind.name}{where}{at}: {message}" + (f"; {note}" if note else "")
-    log.info("TVM's message (%s):\n%s", type(err).__name__, details)
+    text = f"pipeline {label!r} failed for target {target.kind.name}{where}{at}: {message}"
+    text += f"; {note}" if note else ""
     failure = TVMFailure("pipeline", message, details, type(err).__name__,
                          pass_name=run.name if run is not None else "", keys=keys, unknown=unknown)
     return _compile_error(text, failure, snapshots)
+
+
+def log_details(error) -> None:
+    """Log TVM's whole message of a :class:`TVMCompileError` / :class:`TVMRunError` at INFO."""
+    failure = getattr(error, "failure", None)
+    if failure is not None:
+        log.info("TVM's message (%s):\n%s", failure.error_type, failure.details)
 
 
 def _compile_error(text: str, failure: TVMFailure, snapshots) -> TVMCompileError:
@@ -602,8 +627,9 @@ def _builds(funcs: list[tuple[Any, Any]], target, want: str, attrs=None) -> bool
     """Whether the kernels build together; False only when they fail the way ``want`` says."""
     import tvm
 
-    exported = {gv: f if f.attrs is not None and "global_symbol" in f.attrs else f.with_attr("global_symbol", gv.name_hint)
-                for gv, f in funcs}  # private PrimFuncs (before the pipeline exports them) build too
+    # private PrimFuncs (from before the pipeline exported them) need a symbol to build
+    exported = {gv: f if f.attrs is not None and "global_symbol" in f.attrs
+                else f.with_attr("global_symbol", gv.name_hint) for gv, f in funcs}
     try:
         tvm.tirx.build(tvm.IRModule(exported, attrs=attrs), target=target)
     except Exception as err:
@@ -613,31 +639,32 @@ def _builds(funcs: list[tuple[Any, Any]], target, want: str, attrs=None) -> bool
     return True
 
 
-def failing_kernels(lowered, target, original: BaseException) -> list[str]:
-    """The kernels (PrimFunc names) of ``lowered`` that fail to build on their own as ``original``.
+def failing_kernels(lowered, target, original: BaseException) -> tuple[list[str], bool]:
+    """The kernels (PrimFunc names) of ``lowered`` that fail to build on their own as ``original``,
+    and whether the kernels fail that way at all when built together.
 
     Halves are built until single kernels are left: about ``2 log2 n`` builds for one bad kernel
-    instead of ``n``.  Empty when no single kernel fails that way (the failure needs several, or
-    is not in kernel code at all).
+    instead of ``n``.  No kernel is named when the failure needs several kernels together, or
+    is not in kernel code at all.
     """
     want = _normalized(original)
     funcs = _prim_funcs(lowered)
     found: list[str] = []
 
-    def search(part):
+    def search(part) -> bool:
         if _builds(part, target, want, lowered.attrs):
-            return
+            return False
         if len(part) == 1:
             found.append(part[0][0].name_hint)
-            return
-        half = len(part) // 2
-        search(part[:half])
-        search(part[half:])
+        else:
+            half = len(part) // 2
+            search(part[:half])
+            search(part[half:])
+        return True
 
     with native_log_to_logging(forward=False):
-        if funcs:
-            search(funcs)
-    return found
+        in_kernels = bool(funcs) and search(funcs)
+    return found, in_kernels
 
 
 def _kernel_sources(kmap, kernels: list[str]) -> tuple[list[int], list[str]]:
@@ -679,15 +706,19 @@ def _ops_failing_alone(keys: list[str], imported, snapshots, target, want: str) 
 
 
 def build_failure(err: BaseException, lowered, target, snapshots, imported=None) -> TVMCompileError:
-    """The error for ``relax.build`` raising ``err``: the kernel, its source ops, TVM's message."""
+    """The error for ``relax.build`` raising ``err``: the kernel, its source ops, TVM's message.
+
+    Call it inside :func:`native_log_to_logging`, like :func:`pipeline_failure`.
+    """
     message, details = tvm_message(err)
-    log.info("TVM's message (%s):\n%s", type(err).__name__, details)
-    kernels = failing_kernels(lowered, target, err)
+    kernels, in_kernels = failing_kernels(lowered, target, err)
     sites: list[int] = []
     keys: list[str] = []
     culprits: list[str] = []
     unknown = ""
-    if not kernels:
+    if not in_kernels:
+        unknown = "every kernel builds: the failure is not in kernel code"
+    elif not kernels:
         unknown = "no single kernel fails to build on its own"
     elif imported is None:
         unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
@@ -716,21 +747,25 @@ def build_failure(err: BaseException, lowered, target, snapshots, imported=None)
 
 
 def _kernel_phrase(kernels, culprits, context, unknown, sources) -> str:
+    """`` in kernel 'k' at source op 'a' (...) (the kernel also computes 'b', 'c')``, or why not."""
     if not kernels:
         return f" ({unknown})"
-    names = ", ".join(f"'{k}'" for k in kernels[:_SHOWN_OPS])
-    more = f" and {len(kernels) - _SHOWN_OPS} more" if len(kernels) > _SHOWN_OPS else ""
-    text = f" in kernel{'s' if len(kernels) > 1 else ''} {names}{more}"
+    text = f" in kernel{'s' if len(kernels) > 1 else ''} {_names(kernels)}"
     if culprits:
         text += f" at {describe_ops(culprits, sources)}"
         if context:
-            text += f" (the kernel also computes {', '.join(repr(k) for k in _display(context[:_SHOWN_OPS], sources))}" \
-                    + (f" and {len(context) - _SHOWN_OPS} more)" if len(context) > _SHOWN_OPS else ")")
+            text += f" (the kernel also computes {_names(_display(context, sources))})"
     elif context:
         text += f" (it computes {describe_ops(context, sources)}; none of them fails to build on its own)"
     elif unknown:
         text += f" ({unknown})"
     return text
+
+
+def _names(names: list[str]) -> str:
+    """``'a', 'b', 'c' and 2 more``."""
+    more = f" and {len(names) - _SHOWN_OPS} more" if len(names) > _SHOWN_OPS else ""
+    return ", ".join(f"'{n}'" for n in names[:_SHOWN_OPS]) + more
 
 
 def _display(keys, sources) -> list[str]:
@@ -753,11 +788,12 @@ def attribute_warnings(native: NativeLog, passes: PassLog, target, imported=None
         return []
     found: dict[str, dict] = {}  # message → {"keys": [...], "ops": [...], "where": pass}
     rerun = {id(run): run for _, run in printed if run is not None and run.name in OP_LOCAL_PASSES}
+    names = BindingNames(imported) if imported is not None else None
     for run in rerun.values():
         for message, bindings in _warnings_per_binding(run, target).items():
             entry = found.setdefault(message, {"keys": [], "ops": [], "where": run.name, "attributed": False})
             for b in bindings:
-                keys = keys_of_binding(b.var, b.function, imported.var_keys) if imported is not None else ()
+                keys = names.of(b.var) if names is not None else ()
                 entry["keys"].extend(keys)
                 entry["ops"].append(b.op)
                 entry["attributed"] = True

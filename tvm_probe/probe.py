@@ -116,8 +116,16 @@ class Probe(Results):
     @classmethod
     def from_imported(cls, imported: ImportedModel, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
         """Compile a model an importer produced (what the ``from_*`` constructors do after importing)."""
-        built = compile_with_snapshots(imported.mod, target, pipeline)
+        built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
         return cls(imported, built, build_kernel_map(imported, built.snapshots))
+
+    @property
+    def import_fixes(self) -> list:
+        return list(getattr(self.imported, "fixes", []))
+
+    @property
+    def compile_warnings(self) -> list:
+        return list(self.built.warnings)
 
     @property
     def model_hash(self) -> str:
@@ -400,6 +408,8 @@ class Probe(Results):
             total_us=capture.total_us if opts.timings else None, timings=opts.timings,
             metadata={**(opts.metadata or {}),
                       **({"capture": sorted(self._wanted)} if self._wanted is not None else {})},
+            import_fixes=[f.to_record() for f in self.import_fixes],
+            compile_warnings=[w.to_record() for w in self.compile_warnings],
             value_keys=list(value_keys if value_keys is not None else values))
 
     def _dump_value_keys(self, opts: "DumpOptions") -> list[str]:

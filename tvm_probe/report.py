@@ -304,6 +304,9 @@ def _summary(results, comparison) -> str:
             value = results.sources_map.values.get(first.key)
             where = f" (graph node {value.node_index}, {esc(value.served.value)})" if value and value.served else ""
             out.append(f'<p>First divergent op: <code id="first-divergent">{esc(first.name)}</code>{where}</p>')
+    findings = results.findings()
+    if findings:
+        out.append('<ul id="findings">' + "".join(f"<li>{esc(line)}</li>" for line in findings) + "</ul>")
     served = results.sources["served"].fillna("unknown").value_counts()
     out.append("<p>Source values by how they are served: "
                + ", ".join(f"{esc(str(k))} {v}" for k, v in served.items()) + "</p>")

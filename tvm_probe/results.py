@@ -59,6 +59,24 @@ class Results:
         raise NotImplementedError
 
     @property
+    def import_fixes(self) -> list:
+        """Import fixes the model needed (rewrites of constructs TVM cannot build), each with
+        the source ops it touched; empty for most models."""
+        return []
+
+    @property
+    def compile_warnings(self) -> list:
+        """Warnings TVM printed while compiling, each with the source ops it concerns."""
+        return []
+
+    def findings(self) -> list[str]:
+        """One line per import fix used and per compile warning, for summaries and reports."""
+        lines = [f"import fix '{f.name}' applied at {', '.join(f.sources[:3])}"
+                 f"{f' and {len(f.sources) - 3} more' if len(f.sources) > 3 else ''}: {f.does}"
+                 for f in self.import_fixes]
+        return lines + [w.summary(self.sources_map) for w in self.compile_warnings]
+
+    @property
     def captured_keys(self) -> set[str] | None:
         """Keys of the values the run was asked to capture; None when it captured everything."""
         return None

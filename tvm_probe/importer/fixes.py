@@ -90,6 +90,7 @@ class AppliedFix:
 
     @classmethod
     def from_record(cls, rec: dict) -> "AppliedFix":
+        """Rebuild from :meth:`to_record` output (e.g. a dump manifest's ``import_fixes``)."""
         return cls(name=str(rec["name"]), does=str(rec["does"]), symptom=str(rec["symptom"]),
                    sources=tuple(str(s) for s in rec["sources"]))
 
@@ -101,9 +102,11 @@ class FixLog:
     touched: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, fix: ImportFix, source: str) -> None:
+        """Record that ``fix`` concerns the source op ``source``."""
         self.touched.setdefault(fix.name, []).append(source)
 
     def applied(self) -> list[AppliedFix]:
+        """One :class:`AppliedFix` per fix, with every source op it concerned."""
         return [AppliedFix(name, FIXES[name].does, FIXES[name].symptom, tuple(sources))
                 for name, sources in self.touched.items()]
 
@@ -138,6 +141,8 @@ Convert = Callable[[list], Any]
 
 @dataclass(frozen=True)
 class OnnxFix:
+    """An ImportFix for ONNX: the ops it concerns, when it applies, and the rewrite."""
+
     fix: ImportFix
     ops: tuple[str, ...]
     matches: Callable[[list, dict], bool]
@@ -184,6 +189,7 @@ def _scalar_constant(bb, inputs, attrs, convert):
 
 
 def _prim_data(inputs, attrs) -> bool:
+    """The data is a scalar shape value (a PrimValue), which Relax's reshape refuses."""
     import tvm
 
     data = inputs[0]
@@ -228,6 +234,7 @@ def _reshape_after_match_cast(bb, inputs, attrs, convert):
 
 
 def _gather_from_shape_value(inputs, attrs) -> bool:
+    """The data is a shape computed at run time (``R.shape_of``), not a ShapeExpr TVM can index."""
     from tvm import relax
 
     data = inputs[0]
@@ -242,12 +249,13 @@ def _shape_to_tensor_first(bb, inputs, attrs, convert):
 
 
 def _global_pool_lost_shape(inputs, attrs) -> bool:
+    """TVM's converter takes the rank from the dims, which it lost (the rank it still knows)."""
     return _lost_shape(inputs[0])
 
 
 def _global_pool_by_rank(op: str):
+    """The rewrite of ``op``: TVM's own reduction (mean or max), over the axes after N, C."""
     def rewrite(bb, inputs, attrs, convert):
-        """Reduce over every axis after N, C using the rank TVM still knows."""
         from tvm import relax
 
         axes = list(range(2, inputs[0].ty.ndim))

@@ -14,7 +14,12 @@ before the model runs, so this module computes it and hands TVM constants instea
    holds the weights' types, not their data);
 3. **fold** the shape-only subgraphs: ``Shape``/``Size`` of a tensor of known shape, and every
    deterministic op computing only from such values and constants (up to
-   :data:`FOLD_LIMIT` elements), evaluated with ONNX's reference implementation.
+   :data:`FOLD_LIMIT` elements), evaluated with ONNX's reference implementation
+   (``onnx.reference``); steps 2 and 3 alternate until nothing new folds, since a folded
+   ``Expand`` target lets inference find shapes it could not before.
+
+A value computed from the model's *data* (an attention mask built from ``attention_mask``) is
+never folded: only input shapes and constants feed a folded value.
 
 Nothing of the source model is renamed or dropped: the graph TVM converts is the source graph
 with each folded node *replaced by a ``Constant`` node producing the same tensor names*; the
@@ -274,9 +279,9 @@ class _Folder:
     """Decides node by node (in graph order) whether a node's outputs are shape values to fold."""
 
     def __init__(self, proto, shapes: dict[str, tuple[int, ...]]):
-        self._shapes = shapes
         self._opsets = {o.domain or "": o.version for o in proto.opset_import}
         self._initializers = {t.name: t for t in proto.graph.initializer}
+        self._shapes = {**{n: tuple(int(d) for d in t.dims) for n, t in self._initializers.items()}, **shapes}
         self._constants: dict[str, np.ndarray] = {}  # Constant nodes and small weights, on demand
         self._folded: dict[str, np.ndarray] = {}     # values computed from input shapes
 

@@ -52,8 +52,9 @@ def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedM
             :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
 
     Raises:
-        ModelError: torch is missing or ``torch.export`` cannot trace the module;
-        UnsupportedOpError: TVM cannot convert an fx node.
+        ModelError: torch is missing, ``torch.export`` cannot trace the module, or TVM's
+            importer fails on an fx node whose op it converts (the node and TVM's message named);
+        UnsupportedOpError: the module uses an op TVM's importer cannot convert.
     """
     program = export_program(module, example_inputs)
     importer = _make_importer(import_fixes)

@@ -8,7 +8,7 @@ a run.  :mod:`tvm_probe.capture` uses it when it can and says which instrument r
     native = load()                      # NativeUnavailable (with the reason) when it cannot
     session = native.open(encode_plan(sites, arena_bytes))
     vm.set_instrument(session.instrument())   # or by name: "tvm_probe.capture.instrument", id
-    session.begin(arena.ctypes.data); vm["main"](...)   # then session.times, .stats, arena
+    session.begin(arena.ctypes.data); vm["main"](...); session.end()   # then .times, .stats
 
 Building needs a C++ compiler (``$CXX`` or ``c++``) and ``ninja`` (what ``tvm_ffi.cpp.build``
 drives; ``pip install ninja`` or the ``apache-tvm-ffi[cpp]`` extra).  The library is cached under
@@ -17,7 +17,6 @@ source, the tvm-ffi version and the platform, so each machine compiles it once.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -87,12 +86,27 @@ def build(path: Path) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+_loaded: "NativeLibrary | NativeUnavailable | None" = None  # the outcome, once known
+
+
 def load() -> "NativeLibrary":
     """The native instrument library, built on first use; raises :class:`NativeUnavailable`.
 
-    The outcome (library or failure) is remembered for the process.
+    The outcome (library or failure) is remembered for the process, so a failed build is not
+    tried again by every probe.
     """
+    global _loaded
+    if _loaded is None:
+        try:
+            _loaded = _load()
+        except NativeUnavailable as err:
+            _loaded = err
+    if isinstance(_loaded, NativeUnavailable):
+        raise _loaded
+    return _loaded
+
+
+def _load() -> "NativeLibrary":
     try:
         import tvm_ffi
 
@@ -105,6 +119,7 @@ def load() -> "NativeLibrary":
     except NativeUnavailable:
         raise
     except Exception as err:  # a failed compile, an unloadable library: fall back, say why
+        log.debug("native instrument build or load failed", exc_info=True)
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise NativeUnavailable(f"building or loading {SOURCE.name} failed: {first_line}") from err
 
@@ -235,7 +250,8 @@ class NativeSession:
         self._lib._begin(self.id, arena_address, on_event)
 
     def end(self) -> None:
-        """Drop the ``on_event`` callback of the last :meth:`begin`."""
+        """After a run: drop the ``on_event`` callback and ignore calls until the next
+        :meth:`begin` (a run nobody began must not write into a freed arena)."""
         self._lib._end(self.id)
 
     def unexpected(self) -> list[str]:

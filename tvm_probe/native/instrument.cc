@@ -6,9 +6,10 @@
 // tvm_probe/capture.py's `_Calls.hook` in a few tens of nanoseconds: it counts occurrences per
 // symbol, times each kernel call and copies the outputs a plan asks for into one preallocated
 // byte arena (memory planning reuses buffers, so an output is copied right after its call).
-// Python runs only before a run (`begin`) and after it (`report`); the one exception is the
-// optional `on_event` callback, for streaming (outputs handed over as produced) and for the
-// rare kernel arguments that must be copied before the call ("untracked" inputs).
+// Python runs only before a run (`begin`) and after it (`end`, then it reads the times and
+// stats buffers it mapped once); the one exception is the optional `on_event` callback, for
+// streaming (outputs handed over as produced) and for the rare kernel arguments that must be
+// copied before the call ("untracked" inputs).
 //
 // Everything is reached through global functions, so a VM can also be instrumented by name
 // (`vm.set_instrument("tvm_probe.capture.instrument", session)`), in this process or in an RPC
@@ -18,7 +19,7 @@
 //   tvm_probe.capture.instrument(session) -> Function     the hook; a factory set_instrument takes
 //   tvm_probe.capture.buffers(session) -> [times, stats]  written by every run (see Session)
 //   tvm_probe.capture.begin(session, arena_address, on_event | None)   reset before a run
-//   tvm_probe.capture.end(session)                        drop the run's on_event callback
+//   tvm_probe.capture.end(session)                        after a run (see Session::End)
 //   tvm_probe.capture.unexpected(session) -> [str]        first calls that matched no site
 //   tvm_probe.capture.error(session) -> str               why the instrument stopped a run
 //   tvm_probe.capture.arena(session) -> Tensor | None     outputs, when begin got no address
@@ -34,11 +35,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
-#include <istream>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <istream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -288,10 +289,19 @@ class Session {
       arena_data_ = arena_.defined() ? static_cast<char*>(arena_.data_ptr()) : nullptr;
     }
     t0_ = last_signal_check_ = Clock::now();
+    running_ = true;
   }
 
-  /*! \brief Drop the run's callback (it holds Python objects). */
-  void End() { on_event_ = ffi::Optional<ffi::Function>(); }
+  /*!
+   * \brief After a run: drop its callback (it holds Python objects) and stop acting on calls,
+   * so that a run nobody began (the VM keeps its instrument) writes nowhere, least of all into
+   * an arena its owner has freed since.
+   */
+  void End() {
+    on_event_ = ffi::Optional<ffi::Function>();
+    running_ = false;
+    arena_data_ = nullptr;
+  }
 
   /*! \brief The first calls of the latest run that matched no call site. */
   ffi::Array<ffi::String> UnexpectedCalls() const {
@@ -311,6 +321,7 @@ class Session {
   /*! \brief The instrument itself (see the file comment for the calling convention). */
   void Call(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
     *rv = 0;  // continue with the call
+    if (!running_) return;
     const TVMFFIAny* raw = reinterpret_cast<const TVMFFIAny*>(args);
     int id = SymbolOf(raw[1]);
     if (id < 0) {
@@ -501,6 +512,7 @@ class Session {
   std::vector<ffi::Tensor> pool_;
   ffi::Tensor arena_;
   char* arena_data_ = nullptr;
+  bool running_ = false;  // between Begin and End
 };
 
 // ------------------------------------------------------------------------------------- registry

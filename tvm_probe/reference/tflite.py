@@ -12,7 +12,7 @@ TensorFlow itself computed) against a probe of a converted model (tf2onnx ONNX o
 Converters move names: tf2onnx folds a BiasAdd of zeros away and merges MatMul + BiasAdd into
 one Gemm, the TFLite converter merges names (``a;b``), and some names end up on a different value
 (tf2onnx puts ``moments/SquaredDifference`` on the subtraction before squaring).  Every TF name
-is therefore reported — compared, or skipped with the reason — never silently dropped.
+is therefore reported — compared, or listed as unchecked with the reason — never silently dropped.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare_arrays
+from ..compare import Comparison, compare_arrays
+from ..tolerance import Tolerance
 from ..errors import InputError, ModelError, one_line
 from ..importer.tflite import load_tflite, tensor_keys
 
@@ -137,7 +138,7 @@ def _tf_candidates(tf_name: str) -> list[str]:
 
 
 def compare_tf_names(results, tf_values: Mapping[str, np.ndarray], converted: Mapping[str, np.ndarray] | None = None,
-                     atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> Comparison:
+                     atol: float | None = None, rtol: float | None = None) -> Comparison:
     """Compare a probe (or dump) with values keyed by TensorFlow names; report every name.
 
     A TF name lines up with the model value that answers to it *exactly* (``op:0`` or ``op``;
@@ -145,7 +146,7 @@ def compare_tf_names(results, tf_values: Mapping[str, np.ndarray], converted: Ma
     different shape or value is a failed comparison with a note, because after conversion a TF
     name may sit on a different value.  A name that is one part of a merged TFLite name is noted
     as such: the tensor holds the fused op's output, not necessarily that op's own value.  A
-    name no value answers to is listed in ``skipped`` with why.
+    name no value answers to is listed in ``unchecked`` with why.
 
     Args:
         results: a :class:`~tvm_probe.Probe` after ``run``, or a dump.
@@ -155,6 +156,7 @@ def compare_tf_names(results, tf_values: Mapping[str, np.ndarray], converted: Ma
             With it, a TF name whose value differs is told apart: when the converted model
             computes what TVM computes, the converter moved the name (noted, and not taken as
             the first divergent op); otherwise TVM diverges.
+        atol, rtol: one tolerance for every value (default: by dtype).
 
     Returns:
         A :class:`~tvm_probe.compare.Comparison` with one entry per lined-up TF name (``name``
@@ -166,14 +168,15 @@ def compare_tf_names(results, tf_values: Mapping[str, np.ndarray], converted: Ma
     for tf_name in tf_values:
         key = next((owners[n] for n in _tf_candidates(tf_name) if n in owners), None)
         if key is None:
-            out.skipped[tf_name] = ("no value of the model has this TF name: the converter removed or "
+            out.unchecked[tf_name] = ("no value of the model has this TF name: the converter removed or "
                                     "renamed the op (e.g. tf2onnx folds a BiasAdd of zeros and merges "
                                     "MatMul + BiasAdd into Gemm; the TFLite converter fuses ops)")
             continue
         found.append((key, tf_name))
     order = {v.key: i for i, v in enumerate(results.sources_map)}
+    tolerance = Tolerance(atol, rtol) if atol is not None and rtol is not None else None
     for key, tf_name in sorted(found, key=lambda f: order[f[0]]):
-        _compare_one(results, key, tf_name, tf_values[tf_name], converted, (atol, rtol), out)
+        _compare_one(results, key, tf_name, tf_values[tf_name], converted, tolerance, out)
     return out
 
 
@@ -195,9 +198,9 @@ def _compare_one(results, key: str, tf_name: str, ref: np.ndarray, converted, to
     try:
         got = results.get_tensor(key)
     except ProbeError as err:
-        out.skipped[tf_name] = str(err)
+        out.unchecked[tf_name] = str(err)
         return
-    cmp = compare_arrays(key, tf_name, value.served.value if value.served else "", got, ref, *tolerance)
+    cmp = compare_arrays(key, tf_name, value.served.value if value.served else "", got, ref, tolerance)
     notes = [cmp.note] if cmp.note else []
     if tf_name not in (key, f"{key}:0") and ";" in key:
         notes.append(f"one of the merged names of {key!r}: the tensor holds the fused op's output")
@@ -207,6 +210,7 @@ def _compare_one(results, key: str, tf_name: str, ref: np.ndarray, converted, to
         notes.append(note)
     cmp.note = "; ".join(notes)
     out.values.append(cmp)
+    out.names[tf_name] = tf_name
     if not cmp.passed and not moved and out.first_divergent is None:
         out.first_divergent = cmp
 
@@ -214,7 +218,7 @@ def _compare_one(results, key: str, tf_name: str, ref: np.ndarray, converted, to
 def _why_different(cmp, got: np.ndarray, converted_value, tolerance) -> tuple[str, bool]:
     """A note on a failed TF-name comparison, and whether the converter (not TVM) explains it."""
     if converted_value is not None:
-        same = compare_arrays(cmp.key, cmp.name, cmp.served, got, converted_value, *tolerance).passed
+        same = compare_arrays(cmp.key, cmp.name, cmp.served, got, converted_value, tolerance).passed
         if same:
             return ("the converted model's own runtime computes the same as TVM: the converter put this TF "
                     "name on a different value (not a TVM divergence)"), True

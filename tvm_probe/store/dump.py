@@ -79,6 +79,8 @@ class DumpContent:
     metadata: dict = field(default_factory=dict)
     value_keys: list[str] = field(default_factory=list)
     timings: bool = True
+    import_fixes: list[dict] = field(default_factory=list)      # AppliedFix records
+    compile_warnings: list[dict] = field(default_factory=list)  # CompileWarning records
 
     def __post_init__(self):
         if not self.value_keys:
@@ -153,7 +155,8 @@ class DumpWriter:
         _write_json(self.device_dir / SOURCES, {
             "sources": [v.to_record() for v in content.sources],
             "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
-            "name_notes": content.sources.notes, "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
+            "name_notes": content.sources.notes, "import_fixes": content.import_fixes,
+            "compile_warnings": content.compile_warnings, "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
             "metadata": content.metadata,
         })
         _write_json(self.tmp / MANIFEST, _manifest(self.tmp, content))
@@ -255,6 +258,7 @@ def _manifest(tmp: Path, content: DumpContent) -> dict:
         tvm_version = None
     return {"format": FORMAT, "version": FORMAT_VERSION, "tvm_probe_version": __version__,
             "tvm_version": tvm_version, "model_hash": content.model_hash,
+            "import_fixes": [f["name"] for f in content.import_fixes],
             "device_dir": f"_tvmdbg_device_{content.device}", "files": files}
 
 
@@ -314,6 +318,8 @@ class DumpReader(Results):
             sources.model_inputs = list(meta["model_inputs"])
             sources.model_outputs = list(meta["model_outputs"])
             sources.notes = {str(k): str(v) for k, v in (meta.get("name_notes") or {}).items()}
+            self._fix_records = list(meta.get("import_fixes") or [])
+            self._warning_records = list(meta.get("compile_warnings") or [])
             self.target, self.pipeline = str(meta["target"]), str(meta["pipeline"])
             self.metadata = dict(meta.get("metadata") or {})
             self.model_hash = str(self.manifest.get("model_hash", ""))
@@ -448,6 +454,20 @@ class DumpReader(Results):
             raise CorruptDumpError(str(err)) from None
 
     # -- the read API -------------------------------------------------------------------------
+    @property
+    def import_fixes(self) -> list:
+        """The import fixes the dumped model needed (:class:`~tvm_probe.importer.fixes.AppliedFix`)."""
+        from ..importer.fixes import AppliedFix
+
+        return [AppliedFix.from_record(r) for r in getattr(self, "_fix_records", [])]
+
+    @property
+    def compile_warnings(self) -> list:
+        """TVM's compile warnings with the source ops they concern (:class:`~tvm_probe.failures.CompileWarning`)."""
+        from ..failures import CompileWarning
+
+        return [CompileWarning.from_record(r) for r in getattr(self, "_warning_records", [])]
+
     @property
     def captured_keys(self) -> set[str] | None:
         """Keys the dumped run was asked to capture (recorded by the writer); None: everything."""
