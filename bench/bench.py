@@ -507,18 +507,20 @@ INSTRUMENT_NOTES = """### Why the instrument targets are missed where they are
   per-kernel hook, and an instrument cannot be removed during a run), so <= 1.02x is out of reach
   wherever the floor alone is above 2%. What tvm_probe adds on every call (symbol lookup by the
   name's address, occurrence count, two clock reads of ~75 ns each on this virtual machine) is the
-  step from the "no-op" row to the "timing every call" row; calls a selection does not want cost
-  nothing more, which is why "selective" and "capture=None" are equal.
+  step from the "no-op" row to the "timing every call" row. Calls a selection does not want cost
+  the instrument nothing more; what separates "selective" from "capture=None" is the copy of
+  what it wants and `Probe.run` resolving the selection's names again on every run.
 - **Python around the run.** `Probe.run` checks the inputs (dtype, shape, id bounds, NaN),
   resolves the capture selection and fills the node table; the executor picks an arena, starts
   the session, reads the times and stats the instrument wrote into buffers numpy already maps,
   and builds the Capture (arrays are numpy views of the arena, made when first read). The gap
-  between "capture=None (native)" and the bare VM "timing every call" row is that work, about
-  0.15-0.2 ms, mostly in `Probe.run` itself; right after a run it executes with cold caches,
-  several times slower than the same Python in a loop.
+  between "capture=None (native)" and the bare VM "timing every call" row is that work: about
+  0.15 ms on the demo, mostly in `Probe.run` itself, and about 0.6 ms on the call-heavy model,
+  where `Probe.run` scans the arguments of all 300 call sites on every run to plan the capture.
+  Right after a run this Python executes with cold caches, several times slower than in a loop.
 - **Copies of small tensors.** Each copied output has a fixed cost (find it among the call's
   arguments, check shape and dtype, one `memcpy` into an arena line the kernel has evicted):
-  about 0.1-0.2 us, so 256-byte outputs copy at 1-2 GB/s and 4 KiB ones at 5-10 GB/s, against
+  about 0.1-0.2 us, so 256-byte outputs copy at 1-2 GB/s and 4 KiB ones at 5-15 GB/s, against
   25-40 GB/s for one in-cache `np.copyto` of the same number of bytes. numpy copying the same
   tensors one by one is slower still. Large outputs copy at memory bandwidth, faster than one
   numpy block copy of the same size (the source is still in cache right after its kernel).
@@ -544,10 +546,10 @@ NOTES = """## Why targets are missed where they are
 - **Demo BERT runs (about 1 ms).** TVM's VM calls an instrument before and after every VM
   instruction (about 160 in the demo, kernels and builtins alike); the "plain + native no-op
   instrument" row is that price alone, before tvm_probe does anything. Capture runs in the native
-  instrument (C++, see "Capture instrument" above; the demo sections of runs before it used the
-  Python one, ~3 us a call). `Probe.run` adds fixed per-run work in Python (input checks, the
-  capture selection, the node table). Together that is ~0.2 ms, a sixth of a demo run but below
-  1% of a bert-base run, where every target is met. Selective capture cannot skip the
+  instrument (C++, see "Capture instrument" above; the bert-base sections, kept from an earlier
+  run, were measured with the Python one, ~3 us a call). `Probe.run` adds fixed per-run work in
+  Python (input checks, the capture selection, the node table). Together that is ~0.2 ms, a
+  sixth of a demo run but below 1% of a bert-base run, where every target is met. Selective capture cannot skip the
   instrument: TVM has no per-kernel hook, and the VM must be stopped exactly after the kernel of
   interest.
 - **Full capture to disk on the demo.** A complete dump has fixed costs (six files, fsync, a

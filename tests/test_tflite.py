@@ -262,7 +262,8 @@ def test_the_erfc_gelu_of_tf_2_21_is_refused_in_onnx_and_works_in_tflite():
     """make_models.py with TF 2.21 wrote both files; tf2onnx 1.17 left an Erfc node in the ONNX."""
     import math
 
-    with pytest.raises(UnsupportedOpError, match=r"^node 'model/Gelu/Erfc' has op type Erfc, "):
+    with pytest.raises(UnsupportedOpError, match=r"^node 'model/Gelu/Erfc' has op type Erfc, .*: Erfc is not an "
+                                                 r"ONNX op: TF >= 2\.19 writes exact GELU with Erfc"):
         Probe.from_onnx(_path("gelu_erfc", "onnx"))
     with pytest.raises(ModelError, match=r"No Op registered for Erfc"):
         onnxruntime_values(_path("gelu_erfc", "onnx"), {"x": np.zeros((2, 4), np.float32)})
@@ -340,7 +341,10 @@ def test_ids_outside_the_embedding_are_refused():
     assert probe.inputs[0].index_bound == 50
     inputs["input_ids"] = inputs["input_ids"].copy()
     inputs["input_ids"][0, 0] = 50
-    with pytest.raises(InputError, match=r"^input 'input_ids' holds values outside \[-50, 50\)"):
+    with pytest.raises(InputError, match=r"^input 'input_ids' holds values outside \[0, 50\)"):
+        probe.run(inputs)
+    inputs["input_ids"][0, 0] = -1  # TFLite's GATHER takes no negative ids; TVM would read outside the table
+    with pytest.raises(InputError, match=r"^input 'input_ids' holds values outside \[0, 50\)"):
         probe.run(inputs)
 
 
@@ -384,3 +388,28 @@ def test_importing_tvm_probe_does_not_import_tflite_or_an_interpreter():
                      "print(sorted(m for m in ('tflite', 'ai_edge_litert', 'tflite_runtime', 'tensorflow', 'tvm')"
                      " if m in sys.modules))")
     assert result.stdout.strip() == "[]", result.stderr
+
+
+@needs_interpreter
+def test_tflite_config_with_tflite_reference_through_the_cli(tmp_path):
+    inputs, _ = _tf("bert")
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    config = tmp_path / "tflite.yaml"
+    config.write_text(f"model: {{tflite: '{_path('bert')}'}}\npipeline: fused\nreference: tflite\n"
+                      f"inputs:\n  input_ids: {{file: inputs.npz, key: input_ids}}\n"
+                      f"  attention_mask: {{file: inputs.npz, key: attention_mask}}\n"
+                      f"output: {{dump: dump}}\n")
+    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
+                         capture_output=True, text=True)
+    # TVM keeps dims where FULLY_CONNECTED flattens: the interpreter comparison reports exactly those
+    assert run.returncode == 1, run.stderr
+    assert run.stdout.strip().splitlines()[-1].startswith("2 of 104 compared values out of tolerance; "
+                                                          "first divergent op: ")
+    assert load_dump(tmp_path / "dump").get("layer_._0/attention/self/key/BiasAdd").shape == (1, 8, 32)
+    config.write_text(config.read_text().replace("reference: tflite", "reference: onnxruntime")
+                      .replace("output: {dump: dump}\n", ""))
+    wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
+                           capture_output=True, text=True)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines()[-1] == ("tvm-probe: error: reference: 'onnxruntime' cannot run a "
+                                                     "TFLite model: use reference: tflite")

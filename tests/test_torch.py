@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tvm_probe import ModelError, Probe, UnsupportedOpError  # noqa: E402
-from tvm_probe.importer.onnx import module_output_aliases  # noqa: E402
+from tvm_probe import AmbiguousNameError, ModelError, Probe, UnknownNameError, UnsupportedOpError  # noqa: E402
+from tvm_probe.importer.module_paths import module_outputs  # noqa: E402
 from tvm_probe.importer.torch import export_program, import_torch, node_keys  # noqa: E402
 from tvm_probe.reference.torch import torch_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
@@ -132,14 +132,45 @@ def test_getitem_of_a_tuple_literal_stays_served(cnn_probes, pipeline):
     assert [v.key for v in probe.imported.sources if v.served.value == "unavailable"] == []
 
 
-def test_module_output_rule_and_node_names_winning_over_paths():
+def test_module_output_rule():
     # (key, {scope: path}, consumers' scopes; None = graph output)
     values = [("a", {"s": "blk", "s.x": "blk.x"}, [{"s"}]),       # leaves blk.x, stays in blk
               ("b", {"s": "blk"}, [{"t"}]),                         # leaves blk
               ("relu", {"r": "relu"}, [{"r@1"}]),                   # first call of `relu`
               ("relu_1", {"r@1": "relu"}, [None])]                  # last call, graph output
-    assert module_output_aliases(values) == {"a": ("blk.x",), "b": ("blk",), "relu_1": ("relu",)}
-    assert module_output_aliases(values, taken={"relu"}) == {"a": ("blk.x",), "b": ("blk",)}
+    assert module_outputs(values) == {"a": ("blk.x",), "b": ("blk",), "relu_1": ("relu",)}
+
+
+class _EmbeddingClash(torch.nn.Module):
+    """A module path ``embedding`` (LayerNorm of the lookup) and an fx node ``embedding`` (the
+    lookup itself); ``blocks.1`` runs through ``.forward``, which export does not record."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4))
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def forward(self, ids):
+        x = self.blocks[0](self.embedding(ids))
+        return self.blocks[1].forward(x)
+
+
+def test_a_name_meaning_a_node_and_a_module_is_refused_and_both_are_reachable():
+    torch.manual_seed(0)
+    module, ids = _EmbeddingClash().eval(), torch.tensor([[1, 2, 3]])
+    probe = Probe.from_torch(module, (ids,))
+    probe.run(ids.numpy())
+    with pytest.raises(AmbiguousNameError, match=r"^'embedding' names 2 different values: node:embedding; "
+                                                 r"module:embedding"):
+        probe.get("embedding")
+    with torch.no_grad():
+        lookup, normed = module.embedding[0](ids), module.embedding(ids)
+    np.testing.assert_allclose(probe.get("node:embedding"), lookup.numpy(), atol=1e-6)
+    np.testing.assert_allclose(probe.get("module:embedding"), normed.numpy(), atol=1e-5)
+    assert "module:embedding" in probe.find("embedding*")["other_names"].sum()
+    with pytest.raises(UnknownNameError, match=r"^'blocks.1' has no value: torch.export has no record of this "
+                                               r"module being called: its forward was called directly"):
+        probe.get("blocks.1")
 
 
 def test_dynamo_onnx_export_answers_to_module_paths(bert, tmp_path):
@@ -181,16 +212,19 @@ def test_data_dependent_control_flow_is_a_one_line_model_error():
     assert "data-dependent" in message and "if x.sum() > 0:" in message
 
 
-def test_a_failing_converter_names_the_fx_node(monkeypatch):
+@pytest.mark.parametrize("raised, expected", [(ValueError, ModelError), (NotImplementedError, UnsupportedOpError)])
+def test_a_failing_converter_names_the_fx_node(monkeypatch, raised, expected):
+    """TVM failing on an op it converts is a ModelError; an op it declares unsupported is UnsupportedOpError."""
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     def broken(self, node):
-        raise ValueError("cannot convert\nsecond line")
+        raise raised("cannot convert\nsecond line")
 
     monkeypatch.setattr(ExportedProgramImporter, "_softmax", broken)
-    with pytest.raises(UnsupportedOpError, match=r"^TVM's PyTorch importer failed on fx node '_softmax' "
-                                                 r"\(aten._softmax.default\): cannot convert$"):
+    with pytest.raises(expected, match=r"^TVM's PyTorch importer failed on fx node '_softmax' "
+                                       r"\(aten._softmax.default\): cannot convert$") as info:
         import_torch(torch.nn.Softmax(dim=-1), (torch.randn(2, 3),))
+    assert isinstance(info.value, UnsupportedOpError) == (expected is UnsupportedOpError)
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -224,10 +258,10 @@ def test_torch_config_with_torch_reference_through_the_cli(tmp_path):
     run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().splitlines()[-1].endswith("compared values within tolerance")
+    assert run.stdout.strip().splitlines()[-1].startswith("all 141 compared values within tolerance; ")
     config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\nreference: onnxruntime\n")
     wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
                            capture_output=True, text=True)
     assert wrong.returncode == 2
-    assert wrong.stderr.strip() == ("tvm-probe: error: reference: 'onnxruntime' cannot run a PyTorch model: "
-                                    "use reference: torch")
+    assert wrong.stderr.strip() == (f"tvm-probe: error: {config}:2: reference: 'onnxruntime' cannot run a "
+                                    "PyTorch model: use reference: torch")  # said before compiling

@@ -293,7 +293,10 @@ def console_main() -> None:
     While the interpreter shuts down, Python restores the default SIGINT action, so a late
     Ctrl-C would kill the process with the signal (status -2) after the result was printed.
     """
-    status = main()
+    try:
+        status = main()
+    except KeyboardInterrupt:  # before main's own handling began (while parsing arguments)
+        status = _error("error: interrupted", Exit.BAD_INPUT)
     _ignore_late_interrupts()
     sys.exit(status)
 

@@ -16,6 +16,7 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false, weights: false}
     split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
     verify:     false | true   (check every served value against an independent unfused build)
+    import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -193,6 +194,7 @@ class Config:
     output: OutputSpec = OutputSpec()
     split: SplitSpec | None = None
     verify: bool = False    # check every served value against an independent unfused build
+    import_fixes: bool = True  # rewrite constructs TVM 0.27 cannot build (importer/fixes.py)
     source: Path | None = None
     overrides: tuple[str, ...] = ()
 
@@ -297,7 +299,8 @@ class _Validator:
         self.problems.append((line, f"line {line}", text))
 
     def config(self, data: dict) -> Config:
-        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify")
+        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
+                 "import_fixes")
         self.unknown_keys(data, (), known)
         if "model" not in data:
             self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
@@ -312,6 +315,7 @@ class _Validator:
             output=self.output(data.get("output") or {}),
             split=self.split(data["split"]) if "split" in data else None,
             verify=self.flag(data, ("verify",)),
+            import_fixes=self.flag(data, ("import_fixes",), True),
             source=self.path,
             overrides=tuple(self.overridden.values()),
         )

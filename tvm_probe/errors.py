@@ -29,8 +29,12 @@ class TVMError(ProbeError):
     """TVM cannot import, compile or run the model; the message names where, in source terms."""
 
 
-class UnsupportedOpError(ModelError, TVMError):
-    """TVM's importer cannot convert a node of the model."""
+class TVMImportError(ModelError, TVMError):
+    """TVM's importer failed on a node of the model (its message and the node named)."""
+
+
+class UnsupportedOpError(TVMImportError):
+    """TVM's importer cannot convert a node of the model: it lacks the op (or this use of it)."""
 
 
 class PipelineError(ProbeError):

@@ -43,19 +43,19 @@ class Outcome:
 
 
 # -- models ------------------------------------------------------------------------------------
-def import_model(spec: ModelSpec, model):
+def import_model(spec: ModelSpec, model, import_fixes: bool = True):
     """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
     if spec.kind == "torch":
         from .importer.torch import import_torch
 
-        return import_torch(*model)
+        return import_torch(*model, import_fixes=import_fixes)
     if spec.kind == "tflite":
         from .importer.tflite import import_tflite
 
         return import_tflite(model, dict(spec.shapes))
     from .importer.onnx import import_onnx
 
-    return import_onnx(model, dict(spec.shapes))
+    return import_onnx(model, dict(spec.shapes), import_fixes=import_fixes)
 
 
 def build_probe(config: Config, model, progress: Progress):
@@ -63,7 +63,7 @@ def build_probe(config: Config, model, progress: Progress):
     from .probe import Probe
 
     with progress.stage("import"):
-        imported = import_model(config.model, model)
+        imported = import_model(config.model, model, config.import_fixes)
     inputs = _inputs(config, imported, model)
     _check_capture(config, imported)
     with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):

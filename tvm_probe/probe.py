@@ -65,7 +65,7 @@ class Probe(Results):
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_onnx(cls, model, target="llvm", pipeline: PipelineLike = "default",
-                  shapes: Mapping[str, Sequence[int]] | None = None) -> "Probe":
+                  shapes: Mapping[str, Sequence[int]] | None = None, import_fixes: bool = True) -> "Probe":
         """Import an ONNX model (path or ``onnx.ModelProto``) and compile it for ``target``.
 
         Args:
@@ -73,14 +73,19 @@ class Probe(Results):
             target: a TVM target (``"llvm"``, ``"cuda"``, a ``tvm.target.Target``).
             pipeline: ``"default"`` (what ``tvm.compile`` uses; unfused on CPU), ``"fused"``
                 (``relax.get_default_pipeline(target)``) or any ``tvm.transform.Pass``.
-            shapes: static shapes for inputs declared with symbolic dimensions.
+            shapes: static shapes for inputs declared with symbolic dimensions (the shape
+                arithmetic they fix is folded before TVM sees the model; see importer/static.py).
+            import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
+                :attr:`import_fixes` lists those used.  Defaults to True.
         """
         from .importer.onnx import import_onnx
 
-        return cls.from_imported(import_onnx(model, {k: tuple(v) for k, v in (shapes or {}).items()}), target, pipeline)
+        shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
+        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline)
 
     @classmethod
-    def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
+    def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default",
+                   import_fixes: bool = True) -> "Probe":
         """Export a ``torch.nn.Module`` with ``torch.export`` and compile it for ``target``.
 
         Values answer to their fx node names (``bmm_3``) and module paths
@@ -89,11 +94,11 @@ class Probe(Results):
         Args:
             module: the model (put it in ``eval()`` mode first for inference behaviour).
             example_inputs: a tuple of tensors (the shapes are compiled statically).
-            target, pipeline: as for :meth:`from_onnx`.
+            target, pipeline, import_fixes: as for :meth:`from_onnx`.
         """
         from .importer.torch import import_torch
 
-        return cls.from_imported(import_torch(module, example_inputs), target, pipeline)
+        return cls.from_imported(import_torch(module, example_inputs, import_fixes=import_fixes), target, pipeline)
 
     @classmethod
     def from_tflite(cls, model, target="llvm", pipeline: PipelineLike = "default",

@@ -350,11 +350,11 @@ class SubModels:
     """
 
     def __init__(self, proto, values: Mapping[str, np.ndarray]):
-        from .importer.onnx import _node_inputs  # every tensor a node reads, subgraphs included
+        from .importer.onnx import node_inputs  # every tensor a node reads, subgraphs included
 
         self.proto = proto
         self.nodes = list(proto.graph.node)
-        self.reads = [_node_inputs(node) for node in self.nodes]
+        self.reads = [node_inputs(node) for node in self.nodes]
         self.producer = {out: i for i, node in enumerate(self.nodes) for out in node.output if out}
         self.readers: dict[str, set[int]] = {}
         for i, names in enumerate(self.reads):

@@ -16,7 +16,8 @@ class InputSpec:
     """One input the user must feed: its source name, static shape and numpy dtype.
 
     ``index_bound`` is set when the input indexes a weight directly (the ids of an embedding
-    ``Gather``): valid values are ``-index_bound <= v < index_bound``.  TVM's compiled Gather
+    ``Gather``): valid values are ``-index_bound <= v < index_bound`` (ONNX), or
+    ``0 <= v < index_bound`` when ``negative_ids`` is False (TFLite).  TVM's compiled Gather
     does not check bounds, so out-of-range ids would read out of memory; ``run`` refuses them.
     """
 
@@ -25,6 +26,7 @@ class InputSpec:
     dtype: str
     index_bound: int | None = None
     indexes: str = ""
+    negative_ids: bool = True
 
 
 @dataclass

@@ -26,32 +26,40 @@ def module_path(scope: str) -> str:
     return path.strip(".")
 
 
-def module_output_aliases(values: Iterable[tuple[str, Mapping, Sequence]],
-                          taken: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+def module_outputs(values: Iterable[tuple[str, Mapping, Sequence]]) -> dict[str, tuple[str, ...]]:
     """Which module paths name which value: ``{value key: (module path, ...)}``.
 
     The output of a module call is the last value (in graph order) produced inside that call and
     used outside it (or returned by the graph).  A module called several times answers with its
-    *last* call.  Paths equal to a name in ``taken`` (node or tensor names) are left out, so that
-    a module ``relu`` does not make the node ``relu`` ambiguous: the node name wins.
+    *last* call.  A path equal to some node's name is kept: the name then means two values, and
+    name resolution says so (``module:relu`` / ``node:relu`` pick one).
 
     Args:
         values: ``(key, scopes, consumers)`` in graph order.  ``scopes`` maps each scope (one
             module call) the producer runs in to its raw module path; ``consumers`` holds, per
             use of the value, the collection of scopes the consumer runs in, or ``None`` for a
             graph output.
-        taken: names the paths must not shadow.
     """
-    taken = set(taken)
     last: dict[str, str] = {}
     for key, scopes, consumers in values:
         for scope, raw in scopes.items():
             if any(c is None or scope not in c for c in consumers):
                 path = module_path(raw)
-                if path and path not in taken:
+                if path:
                     last[path] = key
     found: dict[str, list[str]] = {}
     for path, key in last.items():
         found.setdefault(key, []).append(path)
     # innermost module first: the name closest to the op that computed the value
     return {k: tuple(sorted(p, key=lambda s: -s.count("."))) for k, p in found.items()}
+
+
+def unrecorded_modules(all_paths: Iterable[str], recorded: Iterable[str]) -> dict[str, str]:
+    """``{module path: why it has no value}`` for modules of the model ``torch.export`` never saw
+    called: their ``forward`` was called directly (``self.block.forward(x)``), which export
+    does not record as a module call, or they were not used at all."""
+    recorded = set(recorded)
+    return {path: ("torch.export has no record of this module being called: its forward was called directly "
+                   "(self.block.forward(x) records no module call; self.block(x) does) or it was not used; "
+                   "name one of its ops or submodules instead")
+            for path in all_paths if path and path not in recorded}

@@ -23,11 +23,11 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
+from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
 from .fixes import FixLog, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
-from .module_paths import module_output_aliases
+from .module_paths import module_outputs
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
 
@@ -136,7 +136,7 @@ def _import_failure(node, err: Exception, hint: str = "") -> ProbeError:
     import tvm
 
     where = f" on node {_node_label(node)} (op {node.op_type})" if node is not None else ""
-    kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else ModelError
+    kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else TVMImportError
     return kind(f"TVM's ONNX importer failed{where}: {one_line(err)}{hint}")
 
 
@@ -161,9 +161,13 @@ def _check_ops_supported(graph) -> None:
     bad = [n for n in graph.node if n.op_type not in known]
     if bad:
         others = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        fix = ("Erfc is not an ONNX op: TF >= 2.19 writes exact GELU with Erfc, which tf2onnx 1.17 cannot "
+               "convert; export with TF <= 2.18, use gelu(approximate=True), or convert to TFLite "
+               "(see docs/tensorflow.md)" if bad[0].op_type == "Erfc"
+               else "replace the op in the model or register a converter")
         raise UnsupportedOpError(
             f"node {_node_label(bad[0])} has op type {bad[0].op_type}, which TVM's ONNX importer "
-            f"cannot convert{others}: replace the op in the model or register a converter")
+            f"cannot convert{others}: {fix}")
 
 
 def _make_importer(shapes, import_fixes: bool = True):
@@ -301,7 +305,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
         var_keys.setdefault(expr, []).append(vi.name)
 
     bound_to = _binding_of_value(mod)
-    aliases = _scope_aliases(graph)
+    modules = _scope_modules(graph)
     for topo, node in enumerate(graph.node):
         outs = [o for o in node.output]
         for k, out in enumerate(outs):
@@ -311,7 +315,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
             expr = bound_to.get(expr, expr)  # a converted op's Call, bound where first used
             value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
                                 num_outputs=len(outs), topo_index=topo,
-                                inputs=_node_inputs(node), aliases=aliases.get(out, ()))
+                                inputs=node_inputs(node), modules=modules.get(out, ()))
             if isinstance(expr, relax.Var):
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = _tensor_info(expr)
@@ -336,14 +340,14 @@ def _collect(proto, mod, importer) -> ImportedModel:
                          fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied())
 
 
-def _node_inputs(node) -> tuple[str, ...]:
+def node_inputs(node) -> tuple[str, ...]:
     """Every tensor ``node`` reads: its inputs and the outer names its subgraphs (If, Loop) use."""
     names = [i for i in node.input if i]
     for attr in node.attribute:
         for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
             defined = {i.name for i in sub.input} | {t.name for t in sub.initializer}
             for inner in sub.node:
-                names += [i for i in _node_inputs(inner) if i not in defined]
+                names += [i for i in node_inputs(inner) if i not in defined]
                 defined.update(inner.output)
     return tuple(dict.fromkeys(names))
 
@@ -396,7 +400,7 @@ def _follow_aliases(mod, var_keys: dict) -> None:
 # The dynamo exporter (torch.onnx.export(..., dynamo=True)) names nodes `node_linear_3`, which
 # nobody knows; users know module paths.  Each node carries them in `pkg.torch.onnx.name_scopes`.
 
-def _scope_aliases(graph) -> dict[str, tuple[str, ...]]:
+def _scope_modules(graph) -> dict[str, tuple[str, ...]]:
     """Module paths of the tensors of a dynamo-exported graph (empty for other exporters)."""
     scopes_of = [_name_scopes(node) for node in graph.node]  # by position: names may be empty
     if not any(scopes_of):
@@ -407,9 +411,7 @@ def _scope_aliases(graph) -> dict[str, tuple[str, ...]]:
             consumers.setdefault(name, []).append(scopes)
     values = [(out, scopes, consumers.get(out, []))
               for node, scopes in zip(graph.node, scopes_of) for out in node.output if out]
-    taken = ({n.name for n in graph.node} | {o for n in graph.node for o in n.output}
-             | {t.name for t in graph.initializer} | {i.name for i in graph.input})
-    return module_output_aliases(values, taken)
+    return module_outputs(values)
 
 
 def _name_scopes(node) -> dict[str, str]:

@@ -466,5 +466,6 @@ def _with_index_bounds(parsed: TFLiteModel, converter, keys: list[str], inputs: 
         dims = subgraph.Tensors(table).ShapeAsNumpy()
         size = int(dims[options.Axis() % len(dims)])
         if spec.index_bound is None or size < spec.index_bound:
-            by_key[spec.name] = InputSpec(spec.name, spec.shape, spec.dtype, size, keys[table])
+            # TFLite's GATHER takes no negative ids (the interpreter stops on them)
+            by_key[spec.name] = InputSpec(spec.name, spec.shape, spec.dtype, size, keys[table], negative_ids=False)
     return [by_key[s.name] for s in inputs]

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
+from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
 from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, FixLog, bool_compare_rewrite
 from .model import ImportedModel, InputSpec
-from .module_paths import module_output_aliases
+from ..failures import stack_origin
+from .module_paths import module_outputs, module_path, unrecorded_modules
 from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
 
 _NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
@@ -42,7 +43,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedM
 
     Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
     state-dict names for parameters and buffers (``bert.embeddings.LayerNorm.weight``).  A value
-    also answers to the module paths whose output it is (see :func:`module_output_aliases`).
+    also answers to the module paths whose output it is (see :func:`module_outputs`).
 
     Args:
         module: a ``torch.nn.Module`` (in ``eval()`` mode for inference behaviour).
@@ -69,7 +70,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedM
             raise
         except Exception as err:
             raise ModelError(f"TVM's PyTorch importer failed: {one_line(err)}") from None
-    imported = _collect(program, mod, importer.env)
+    imported = _collect(program, mod, importer.env, module)
     imported.fixes, imported.unfixed = importer.fixes.applied(), importer.unfixed.applied()
     return imported
 
@@ -202,7 +203,7 @@ def _naming_failures(convert):
         except Exception as err:
             import tvm
 
-            kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else ModelError
+            kind = UnsupportedOpError if isinstance(err, (NotImplementedError, tvm.error.OpError)) else TVMImportError
             raise kind(f"TVM's PyTorch importer failed on fx node '{node.name}' ({op_type(node)}): "
                        f"{one_line(err)}") from None
     return wrapped
@@ -241,8 +242,9 @@ class _Collected:
         self.var_keys.setdefault(var, []).append(key)
 
 
-def _collect(program, mod, env) -> ImportedModel:
-    """Turn the importer's ``env`` into a SourceMap, Var tags and constants."""
+def _collect(program, mod, env, module=None) -> ImportedModel:
+    """Turn the importer's ``env`` into a SourceMap, Var tags and constants (``module``: the
+    nn.Module exported, to note modules export never saw called)."""
     keys, weights = node_keys(program), placeholder_tensors(program)
     out = _Collected(env)
     # a weight's placeholder Var is replaced by a constant (BindParams): identities of it too
@@ -253,7 +255,8 @@ def _collect(program, mod, env) -> ImportedModel:
         if node not in keys:
             continue
         value = SourceValue(key=keys[node], node=node.name, op_type=op_type(node), topo_index=topo,
-                            inputs=tuple(keys[a] for a in node.all_input_nodes if a in keys))
+                            inputs=tuple(keys[a] for a in node.all_input_nodes if a in keys),
+                            origin=stack_origin(node.meta.get("stack_trace")))
         if node.op == "placeholder":
             found = _add_placeholder(value, node, node.name in user, weights, out)
         else:
@@ -262,7 +265,7 @@ def _collect(program, mod, env) -> ImportedModel:
             found = _add_computed(value, expr, weight_of_var, out)
         if found:
             out.sources.add(value)
-    _add_module_paths(program, keys, out.sources)
+    _add_module_paths(program, keys, out.sources, module)
     _follow_aliases(mod, out.var_keys)
     _follow_tuple_fields(mod, out.var_keys)
     order = {p.name: i for i, p in enumerate(mod["main"].params)}
@@ -411,8 +414,9 @@ def _user_outputs(program) -> list:
     return [leaf for leaf in leaves if hasattr(leaf, "op")]
 
 
-def _add_module_paths(program, keys, sources: SourceMap) -> None:
-    """Give each value the module paths whose output it is (rule: module_output_aliases).
+def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
+    """Give each value the module paths whose output it is (rule: :func:`module_outputs`), and
+    note the modules of ``module`` that export never saw called (so ``get`` can say why).
 
     ``nn_module_stack`` maps one key per module *call* (``L__self___relu@1`` for the second
     call) to ``(path, type)``, so "used outside the module" is judged per call; a module called
@@ -421,16 +425,22 @@ def _add_module_paths(program, keys, sources: SourceMap) -> None:
     def stack(node) -> dict:
         return {k: v[0] for k, v in (node.meta.get("nn_module_stack") or {}).items()}
 
-    values = []
+    values, recorded = [], set()
     for node in program.graph.nodes:
+        recorded.update(module_path(raw) for raw in stack(node).values())
         if node.op != "call_function" or keys.get(node) not in sources:
             continue
         uses = [None if u.op == "output" else stack(u) for u in node.users
                 if u.op == "output" or u in keys or _is_tuple(u)]
         values.append((keys[node], stack(node), uses))
-    taken = {name for v in sources for name in (v.key, v.node)}
-    for key, paths in module_output_aliases(values, taken).items():
-        sources[key].aliases = paths
+    for key, paths in module_outputs(values).items():
+        sources[key].modules = paths
+    if module is not None:
+        import torch
+
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict)  # no forward of their own
+        sources.notes.update(unrecorded_modules(
+            (path for path, m in module.named_modules() if not isinstance(m, containers)), recorded))
 
 
 def _is_tuple(node) -> bool:
