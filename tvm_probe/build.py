@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
-from .errors import PipelineError, one_line
+from .errors import PipelineError, TVMCompileError, one_line
 from .failures import CompileWarning, PassLog, native_log_to_logging  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class Snapshots:
     pre_fusion: Any = None
     post_fusion: Any = None
     call_graph: Any = None
+    final: Any = None       # what the pipeline returned: the module that is built
     passes: list[str] = field(default_factory=list)
 
 
@@ -192,12 +193,16 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
             failures.release_native(err)  # what TVM logs as its objects go is logged here
     if error is not None:
         failures.log_details(error)
-        raise error
+        raise _with_shape_hint(error, imported)
+    snaps.final = lowered
     if snaps.call_graph is None:
         raise PipelineError(
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
-    executable, build_log = _build(lowered, target, snaps, imported, settings)
+    try:
+        executable, build_log = _build(lowered, target, snaps, imported, settings)
+    except TVMCompileError as err:
+        raise _with_shape_hint(err, imported) from None
     built = BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
     if pipeline_log.warnings() or build_log.warnings():
         def find_warnings():
@@ -205,6 +210,16 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
                 return failures.attribute_warnings(pipeline_log, passes, target, imported, build_log)
         built.find_warnings = find_warnings
     return built
+
+
+def _with_shape_hint(error, imported):
+    """``error``, saying what to do when the model was compiled with symbolic dimensions."""
+    symbolic = [s.name for s in getattr(imported, "inputs", ()) if any(isinstance(d, str) for d in s.shape)]
+    if symbolic:
+        error.args = (f"{error}; this model has symbolic dimensions (inputs {', '.join(symbolic)}), which "
+                      "TVM 0.27 cannot compile here: pass shapes= (YAML model.shapes) to compile it for fixed "
+                      "sizes",)
+    return error
 
 
 def _build(lowered, target, snaps: Snapshots, imported, settings):

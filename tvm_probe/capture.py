@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ProbeError, TVMBehaviourChanged
-from .kernel_map import VIEW_SYMBOL, ArgKind, KernelMap
+from .failures import log_details, run_failure
+from .kernel_map import ArgKind, KernelMap
 from . import native
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
 
@@ -106,12 +107,14 @@ class DebugExecutor:
         kernel_map: its call sites.
         instrument: ``"auto"``, ``"native"`` or ``"python"``; defaults to ``$TVM_PROBE_INSTRUMENT``
             or ``"auto"`` (native when it can be built here, else Python).
+        sources: the model's SourceMap, to name the ops of a kernel that fails while running.
     """
 
-    def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None):
+    def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None, sources=None):
         from tvm import relax
 
         self.kernel_map = self._km = kernel_map
+        self.sources = sources
         self._device = built.device
         self.vm = relax.VirtualMachine(built.executable, self._device)
         self._main = self.vm["main"]
@@ -126,6 +129,14 @@ class DebugExecutor:
             raise ProbeError(f"instrument must be one of {', '.join(_CHOICES)}, got {choice!r} "
                              f"(from {'the argument' if explicit else INSTRUMENT_ENV})")
         if choice == PYTHON:
+            return
+        if self._km.helper_symbols or any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes
+                                          for d in shape):
+            # symbolic shapes: outputs change size from run to run, and lowering adds kernels
+            # (shape functions) the native plan does not know
+            self.fallback_reason = "the model has symbolic shapes: the native instrument needs static ones"
+            if choice == NATIVE:
+                raise ProbeError(f"the native instrument is unavailable: {self.fallback_reason}")
             return
         if choice == "auto" and self._device.dlpack_device_type() != _DL_CPU:
             # the native device-to-host copy (TVM's TVMTensorCopyToBytes, as Tensor.numpy()
@@ -154,6 +165,10 @@ class DebugExecutor:
 
         ``sink(node, outputs)``, when given, receives each copied node's outputs instead of the
         returned Capture (so they can go to disk at once and not accumulate in memory).
+
+        Raises:
+            TVMRunError: the VM raised; the error names the kernel call it was running and its
+                source ops (``err.failure``), with TVM's message.
         """
         capture = Capture(inputs=inputs, instrument=self.instrument)
         device_inputs = self.to_device(inputs)
@@ -165,11 +180,14 @@ class DebugExecutor:
         try:
             with calls:
                 result = self._main(*device_inputs)
-        except Exception:
+        except Exception as err:
             # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
             # into a bare RuntimeError: re-raise the original.
             calls.reraise()
-            raise
+            site, certain = calls.running_site()
+            error = run_failure(err, self._km, site, self.sources, finished=not certain)
+            log_details(error)
+            raise error from None
         capture.total_us = (time.perf_counter() - t0) * 1e6
         capture.result = _to_numpy_list(result)
         calls.finish()
@@ -219,6 +237,7 @@ class _Calls:
         self.failure: BaseException | None = None
         self.interrupted = False
         self._previous_handler = None
+        self.running: int | None = None  # the site whose call began and has not returned
 
     def __enter__(self) -> "_Calls":
         """Install the hook and defer Ctrl-C.
@@ -246,6 +265,10 @@ class _Calls:
         if self.failure is not None:
             raise self.failure from None
 
+    def running_site(self) -> tuple[int | None, bool]:
+        """The call site the VM was running when it raised, and True: the hook knows it."""
+        return self.running, True
+
     def guarded_hook(self, *args):
         try:
             if self.interrupted:
@@ -258,23 +281,24 @@ class _Calls:
     def hook(self, func, symbol, before_run, ret_value, *args):
         sites = self.sites_of.get(symbol)
         if sites is None:
-            if before_run and not symbol.startswith("vm.builtin."):
+            if before_run and not symbol.startswith("vm.builtin.") and symbol not in self.km.helper_symbols:
                 self.unexpected.append(str(symbol))
             return 0
         if before_run:
             occurrence = self.seen[symbol]
             self.seen[symbol] = occurrence + 1
-            if occurrence >= len(sites):
-                if symbol != VIEW_SYMBOL:
-                    self.unexpected.append(f"{symbol}#{occurrence}")
+            if occurrence >= len(sites):  # a view too: those before it would be matched wrongly
+                self.unexpected.append(f"{symbol}#{occurrence}")
                 return 0
             site = sites[occurrence]
             if site.index in self.plan.untracked_inputs:
                 self.capture.untracked_inputs[site.index] = {
                     j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
+            self.running = site.index
             self.t_call = time.perf_counter()
             return 0
         t_end = time.perf_counter()
+        self.running = None
         occurrence = self.seen[symbol] - 1
         if occurrence >= len(sites):
             return 0
@@ -408,6 +432,13 @@ class _NativeCalls:
         except BaseException as err:
             self.failure = err
             raise
+
+    def running_site(self) -> tuple[int | None, bool]:
+        """The first kernel call that did not finish, and False: the instrument times calls when
+        they end, so the VM may have raised in a builtin just before that call."""
+        durations = self.prepared.session.times[1]
+        return next((s.index for s in self.prepared.sites if not s.is_view and durations[s.index] != durations[s.index]),
+                    None), False
 
     def reraise(self) -> None:
         if self.failure is not None:

@@ -41,7 +41,9 @@ def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarra
         values = list(inputs)
         if len(values) != len(specs):
             raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {expected}")
-    return [check_input(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
+    arrays = [check_input(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
+    _check_symbolic_dims(specs, arrays)
+    return arrays
 
 
 def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
@@ -52,7 +54,8 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     if array.dtype != np.dtype(spec.dtype):
         raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
                          f"convert it with .astype('{spec.dtype}')")
-    if tuple(array.shape) != tuple(spec.shape):
+    if len(array.shape) != len(spec.shape) or any(
+            isinstance(want, int) and got != want for got, want in zip(array.shape, spec.shape)):
         raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
                          f"{list(spec.shape)}")
     _check_ids(spec, array)
@@ -73,3 +76,16 @@ def _check_ids(spec, array: np.ndarray) -> None:
         raise InputError(f"input {spec.name!r} holds values outside [{low}, {bound}) but indexes "
                          f"{spec.indexes!r}, which has {bound} rows (TVM's Gather does not check bounds): "
                          "fix the ids")
+
+
+def _check_symbolic_dims(specs, arrays) -> None:
+    """A symbolic dimension (dynamic axes) named in several places takes one size per run."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for spec, array in zip(specs, arrays):
+        for want, got in zip(spec.shape, array.shape):
+            if not isinstance(want, str):
+                continue
+            first = sizes.setdefault(want, (got, spec.name))
+            if first[0] != got:
+                raise InputError(f"dimension {want!r} is {first[0]} in input {first[1]!r} but {got} in input "
+                                 f"{spec.name!r}: one run takes one size for it")

@@ -64,6 +64,7 @@ class PlaceKind(str, Enum):
     INTERIOR = "interior"  # a tensor a fused kernel computes and keeps inside
     CONSTANT = "constant"  # a constant of the compiled module (folded by the pipeline)
     FOLDED = "folded"      # folded away by FoldConstant; re-evaluated from the module before it
+    SHAPE = "shape"        # a symbolic dimension: a size of a model input (``output`` is the axis)
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,14 @@ class KernelMap:
         sites: the kernel calls of one run, in order.
         places: source key → :class:`Place`, for every value the compiled module holds.
         lost: source key → why it has no place (for tagged values that could not be followed).
+        helper_symbols: kernels the VM calls that passes after the call graph added (the shape
+            functions of symbolic shapes); they compute no source value.
     """
 
     sites: list[CallSite]
     places: dict[str, Place] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
+    helper_symbols: frozenset[str] = frozenset()  # kernels lowering added (shape functions): no source values
 
     def site_of(self, key: str) -> int | None:
         """The call site whose output or interior holds ``key`` (None for other places)."""
@@ -182,8 +186,12 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
     stages.append(("after FuseOps" if fused else "compiled", runtime))
     follower = _Follower(stages)
-    kmap = KernelMap(sites=sites)
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots))
+    dims = _input_dims(imported.mod["main"])
     for key, var in _var_of_key(imported).items():
+        if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
+            kmap.places[key] = dims[var]
+            continue
         trace = follower.follow(var)
         place = by_number.get(trace.number) if trace.number is not None else None
         if place is None and trace.number is not None and vn.terms.is_constant(trace.number):
@@ -202,6 +210,28 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)
     return kmap
+
+
+def _input_dims(main) -> dict:
+    """Symbolic dimension (a TIR Var) → the SHAPE place of the first input axis it sizes."""
+    import tvm
+
+    found = {}
+    for i, param in enumerate(main.params):
+        for axis, dim in enumerate(getattr(getattr(param.ty, "shape", None), "values", None) or ()):
+            if isinstance(dim, tvm.ir.expr.Var) and dim not in found:
+                found[dim] = Place(PlaceKind.SHAPE, input_index=i, output=axis)
+    return found
+
+
+def helper_symbols(snapshots) -> frozenset[str]:
+    """Kernels of the final module the call graph does not have: lowering's own (``shape_func``)."""
+    final = getattr(snapshots, "final", None)
+    if final is None:
+        return frozenset()
+    known = {gv.name_hint for gv in snapshots.call_graph.functions}
+    return frozenset(gv.name_hint for gv, f in final.functions.items()
+                     if gv.name_hint not in known and type(f).__name__ == "PrimFunc")
 
 
 def _var_of_key(imported) -> dict:
@@ -247,7 +277,7 @@ class _Follower:
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
         if start is None:
-            return _Trace(lost_after="imported", lost_before=self.stages[0][0])
+            return _Trace(lost_after="imported (it is not a Relax value of it)", lost_before="compiled")
         number = self.stages[start][1].of_var[var]
         for i in range(start, len(self.stages) - 1):
             there = self.stages[i + 1][1]
@@ -357,14 +387,17 @@ def _is_tensor(var) -> bool:
     return isinstance(var.ty, relax.TensorType)
 
 
-def _types(ty) -> tuple[list[tuple[int, ...]], list[str]]:
+def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
+    """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call."""
+    from .importer.onnx import dim_of
+
     fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
     shapes, dtypes = [], []
     for f in fields:
-        try:
-            shapes.append(tuple(int(v) for v in f.shape.values))
-        except (TypeError, AttributeError):
-            raise TVMBehaviourChanged(f"kernel output type {f} has no static shape") from None
+        values = getattr(getattr(f, "shape", None), "values", None)
+        if values is None:
+            raise TVMBehaviourChanged(f"kernel output type {f} has no known rank")
+        shapes.append(tuple(dim_of(v) for v in values))
         dtypes.append(str(f.dtype))
     return shapes, dtypes
 
@@ -473,6 +506,8 @@ def classify(sources, kmap: KernelMap, num_inputs: int) -> None:
                 kmap.lost[value.key] = "TVM's importer produced no run-time value for it"
         elif place.kind is PlaceKind.INPUT:
             value.served, value.node_index = Served.INPUT, place.input_index
+        elif place.kind is PlaceKind.SHAPE:
+            value.served, value.node_index = Served.SHAPE, place.input_index
         elif place.kind is PlaceKind.OUTPUT:
             is_view = kmap.sites[place.site].is_view
             value.served, value.node_index = (Served.VIEW if is_view else Served.CAPTURED), num_inputs + place.site

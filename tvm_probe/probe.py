@@ -53,12 +53,18 @@ class Probe(Results):
         # How a value is served belongs to this build: two probes of one import must not share it.
         imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
-        self._executor = DebugExecutor(built, kernel_map)
+        self._executor = DebugExecutor(built, kernel_map, sources=imported.sources)
         self._recomputer = Recomputer(built.target)
         self._capture: Capture | None = None
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._folded: dict[str, np.ndarray] = {}
+        # fixed per probe, so worked out once: sites whose untracked arguments a capture of their
+        # interior needs, and the plan of each capture selection (on a 300-kernel model these
+        # took longer than the run)
+        self._untracked_all = frozenset(s.index for s in kernel_map.sites
+                                        if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
+        self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
         classify(imported.sources, kernel_map, self.num_input_nodes)
         self._init_results(imported.sources, self._static_nodes())
 
@@ -153,6 +159,13 @@ class Probe(Results):
         return self._capture.total_us if self._capture is not None else None
 
     @property
+    def instrument(self) -> str | None:
+        """Which capture instrument ran the last :meth:`run`: ``"native"`` (C++, see
+        :mod:`tvm_probe.native`) or ``"python"``; None before the first run.  Also in
+        ``probe.nodes.attrs["instrument"]``."""
+        return self._capture.instrument if self._capture is not None else None
+
+    @property
     def last_inputs(self) -> list[np.ndarray]:
         """The inputs of the last :meth:`run`, in :attr:`inputs` order."""
         return self._require_run().inputs
@@ -237,20 +250,30 @@ class Probe(Results):
         Only a run that completed gets here: a failed one leaves the previous run in place.
         """
         self._capture, self._wanted, self._values = capture, wanted, {}
-        for node in self.node_infos[self.num_input_nodes:]:
-            site = node.index - self.num_input_nodes
+        n_in = self.num_input_nodes
+        for node, array in zip(self.node_infos[:n_in], capture.inputs):
+            node.out_shapes = [tuple(array.shape)]  # symbolic dimensions: this run's sizes
+        for node in self.node_infos[n_in:]:
+            site = node.index - n_in
             node.time_us = capture.time_us.get(site)
             node.start_us = capture.start_us.get(site)
+            outs = capture.outputs.get(site) if site in capture.outputs else None
+            declared = self.kernel_map.sites[site].out_shapes
+            node.out_shapes = [tuple(a.shape) for a in outs] if outs is not None else list(declared)
 
     def _plan(self, capture: CaptureSpec) -> tuple[CapturePlan, set[str] | None]:
-        km = self.kernel_map
-        untracked_all = frozenset(s.index for s in km.sites
-                                  if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
         if capture == "all":
-            return CapturePlan(outputs=None, untracked_inputs=untracked_all), None
+            return CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
         if capture is None:
             return CapturePlan(outputs=frozenset()), set()
-        patterns = [capture] if isinstance(capture, str) else list(capture)
+        patterns = (capture,) if isinstance(capture, str) else tuple(capture)
+        if patterns not in self._selections:
+            self._selections[patterns] = self._select(patterns)
+        return self._selections[patterns]
+
+    def _select(self, patterns: tuple[str, ...]) -> tuple[CapturePlan, set[str]]:
+        """The plan copying what the values matching ``patterns`` need, and their keys."""
+        km, untracked_all = self.kernel_map, self._untracked_all
         wanted = {k for p in patterns for k in self._names.match(p)}
         outputs, untracked = set(), set()
         for key in wanted:
@@ -279,6 +302,9 @@ class Probe(Results):
         place = self.kernel_map.places.get(key)
         if served is Served.INPUT:
             return capture.inputs[value.node_index]
+        if served is Served.SHAPE:  # the ONNX value is an int64 scalar or [1] tensor of that size
+            size = capture.inputs[place.input_index].shape[place.output]
+            return np.asarray(size, dtype=value.dtype or "int64").reshape(value.shape or ())
         if served is Served.CONSTANT:
             return self.imported.constants[key]
         if served is Served.FOLDED:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from .errors import InputError, ProbeError, TVMBehaviourChanged, one_line
+from .errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, one_line
 from .tolerance import EXACT, Tolerance, default_tolerance, within
 
 log = logging.getLogger(__name__)
@@ -467,6 +467,9 @@ class Checker:
             raise ReduceError(f"the reference ({self.reference.label}) cannot run the model: {err}") from None
         try:
             return self.first_divergence(probe, feeds, reference), probe.imported.sources
+        except TVMRunError as err:  # the VM raised while running: not a divergence, not a compile failure
+            raise ReduceError(f"TVM raises while running the model ({err}): "
+                              "reduce handles value divergences and import or compile failures") from None
         except (ProbeError, TVMBehaviourChanged):
             raise
         except Exception as err:  # the VM raised while running: not a divergence, not a compile failure

@@ -182,7 +182,10 @@ class Results:
                 "time_us": n.time_us,
                 "time_share": (n.time_us / total) if (total and n.time_us is not None) else None,
             })
-        return pd.DataFrame(rows)
+        table = pd.DataFrame(rows)
+        # which capture instrument timed the run ("native" or "python"; None when not known)
+        table.attrs["instrument"] = getattr(self, "instrument", None)
+        return table
 
 
 def _known_dtype(name: str) -> bool:

@@ -24,6 +24,7 @@ class Served(str, Enum):
     """How ``get()`` obtains a value of the compiled model."""
 
     INPUT = "input"            # the run's own input
+    SHAPE = "shape"            # a symbolic dimension (dynamic axes): a size of this run's inputs
     CONSTANT = "constant"      # a weight or a value folded at import time
     FOLDED = "folded"          # folded by the pipeline's FoldConstant; re-evaluated the same way
     CAPTURED = "captured"      # a kernel output copied while the model ran
@@ -45,7 +46,7 @@ class SourceValue:
         kind: see :class:`Kind`.
         topo_index: position of the producing node in the source graph (-1 for inputs/weights).
         inputs: keys of the source values the producing node consumed.
-        shape, dtype: as compiled (static shapes) or as declared.
+        shape, dtype: as compiled; a symbolic dimension (dynamic axes) is its name, e.g. ``'batch'``.
         served: see :class:`Served`; set once the model is compiled.
         node_index: the graph node (kernel call) that outputs it or holds it inside, or -1.
         aliases: further names it answers to (e.g. parts of a name a converter merged).
@@ -60,7 +61,7 @@ class SourceValue:
     kind: Kind = Kind.VALUE
     topo_index: int = -1
     inputs: tuple[str, ...] = ()
-    shape: tuple[int, ...] | None = None
+    shape: tuple[int | str, ...] | None = None
     dtype: str | None = None
     served: Served | None = None
     node_index: int = -1
@@ -105,7 +106,7 @@ class SourceValue:
             output_index=int(rec["output_index"]), num_outputs=int(rec["num_outputs"]),
             kind=Kind(rec["kind"]), topo_index=int(rec["topo_index"]),
             inputs=tuple(str(i) for i in rec["inputs"]),
-            shape=None if rec["shape"] is None else tuple(int(d) for d in rec["shape"]),
+            shape=None if rec["shape"] is None else tuple(d if isinstance(d, str) else int(d) for d in rec["shape"]),
             dtype=None if rec["dtype"] is None else str(rec["dtype"]),
             served=None if rec["served"] is None else Served(rec["served"]),
             node_index=int(rec["node_index"]),

@@ -98,11 +98,13 @@ class ValueNumbering:
         params = [self.terms.param(i) for i in range(len(main.params))]
         return self.function(main, params, mod, inline)
 
-    def function(self, func, param_numbers, mod=None, inline: bool = False) -> FunctionValues:
-        """Numbers of ``func``'s bindings when its parameters hold ``param_numbers``."""
+    def function(self, func, param_numbers, mod=None, inline: bool = False, symbols=None) -> FunctionValues:
+        """Numbers of ``func``'s bindings when its parameters hold ``param_numbers`` (and its
+        symbolic dimensions the numbers in ``symbols``)."""
         out = FunctionValues()
         env = dict(zip(func.params, param_numbers))
         out.of_var.update(env)
+        env.update(symbols or {})
         for block in func.body.blocks:
             for binding in block.bindings:
                 value = binding.value
@@ -135,7 +137,7 @@ class ValueNumbering:
         if isinstance(expr, tvm.ir.expr.Constant):  # PrimValue, StringImm, DataTypeImm
             return t.number(("imm", type(expr).__name__, str(expr)))
         if isinstance(expr, relax.ShapeExpr):
-            return t.number(("shape",) + tuple(str(v) for v in expr.values))
+            return t.number(("shape",) + tuple(self._dim(v, env) for v in expr.values))
         if isinstance(expr, relax.Tuple):
             return t.number(("tuple",) + tuple(self._expr(f, env, None) for f in expr.fields))
         if isinstance(expr, relax.TupleGetItem):
@@ -147,6 +149,18 @@ class ValueNumbering:
         if isinstance(expr, relax.Call):
             return self._call(expr, env, binding)
         return t.number(("opaque", binding.var if binding is not None else expr))
+
+    def _dim(self, value, env) -> int:
+        """The number of one dimension of a shape: of its value, or of a symbolic one by
+        *identity* — TVM prints every ``range_len_0`` it makes with the same name, so names
+        would merge different sizes."""
+        import tvm
+
+        if isinstance(value, tvm.ir.prim.expr.IntImm):
+            return self.terms.number(("int", int(value.value)))
+        if isinstance(value, tvm.ir.expr.Var):
+            return self._expr(value, env, None)  # a symbol bound at a call site maps to the caller's
+        return self.terms.number(("prim", value))  # an expression: equal only to itself
 
     def _call(self, call, env, binding) -> int:
         import tvm
@@ -176,9 +190,26 @@ class ValueNumbering:
         return (mod is not None and isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)
                 and isinstance(mod[value.op], relax.Function))
 
+    def _symbols(self, func, call, env) -> dict:
+        """The callee's symbolic dimensions (defined by its parameters' shapes) as the numbers of
+        the caller's dimensions at this call site, so shapes inside compare with shapes outside."""
+        import tvm
+
+        found = {}
+        for param, arg in zip(func.params, call.args):
+            inner = getattr(getattr(param.ty, "shape", None), "values", None)
+            outer = getattr(getattr(getattr(arg, "ty", None), "shape", None), "values", None)
+            if inner is None or outer is None or len(inner) != len(outer):
+                continue
+            for p_dim, a_dim in zip(inner, outer):
+                if isinstance(p_dim, tvm.ir.expr.Var) and p_dim not in found:
+                    found[p_dim] = self._dim(a_dim, env)
+        return found
+
     def _inline(self, call, env, mod) -> InlinedCall:
         func = mod[call.op]
-        values = self.function(func, [self._expr(a, env, None) for a in call.args], mod, inline=False)
+        numbers = [self._expr(a, env, None) for a in call.args]
+        values = self.function(func, numbers, mod, inline=False, symbols=self._symbols(func, call, env))
         params = set(func.params)
         inner = {var: number for var, number in values.of_var.items() if var not in params}
         return InlinedCall(call=call, inner=inner, result=values.body)

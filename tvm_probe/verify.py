@@ -106,13 +106,14 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
 
     from .build import compile_with_snapshots
     from .capture import CapturePlan, DebugExecutor
-    from .kernel_map import KernelMap, call_sites
+    from .kernel_map import KernelMap, call_sites, helper_symbols
 
     built = compile_with_snapshots(imported.mod, "llvm", relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]
     sites, _, produced = call_sites(main)
     params = {p: i for i, p in enumerate(main.params)}
-    capture = DebugExecutor(built, KernelMap(sites=sites)).run(arrays, CapturePlan())
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(built.snapshots))
+    capture = DebugExecutor(built, kmap).run(arrays, CapturePlan())
     values = {}
     for var, keys in imported.var_keys.items():
         if var in produced:

@@ -13,7 +13,10 @@ from .fixes import AppliedFix
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input the user must feed: its source name, static shape and numpy dtype.
+    """One input the user must feed: its source name, shape and numpy dtype.
+
+    A dimension of ``shape`` is an int, or a name (``'batch'``) when the model is compiled with
+    symbolic dimensions: then any size goes, the same size wherever the name appears.
 
     ``index_bound`` is set when the input indexes a weight directly (the ids of an embedding
     ``Gather``): valid values are ``-index_bound <= v < index_bound`` (ONNX), or
@@ -22,7 +25,7 @@ class InputSpec:
     """
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str
     index_bound: int | None = None
     indexes: str = ""

@@ -119,7 +119,7 @@ def _static_graph(proto, shapes: dict):
     """
     from .static import make_static, pin_inputs, symbolic_inputs
 
-    if not symbolic_inputs(proto.graph):
+    if not symbolic_inputs(proto.graph) or not shapes:  # static, or to be compiled with symbolic dims
         if shapes:
             pin_inputs(proto.graph, shapes)
         return None
@@ -261,15 +261,22 @@ def _const_value(expr) -> np.ndarray | None:
     return None
 
 
-def _tensor_info(expr) -> tuple[tuple[int, ...] | None, str | None]:
+def _tensor_info(expr) -> tuple[tuple[int | str, ...] | None, str | None]:
+    """Shape (a symbolic dimension as its name or expression, e.g. ``'batch'``) and dtype."""
     ty = getattr(expr, "ty", None)
     shape = getattr(ty, "shape", None)
-    try:
-        dims = tuple(int(v) for v in shape.values) if shape is not None else None
-    except (TypeError, AttributeError):
-        dims = None
+    values = getattr(shape, "values", None)
+    dims = tuple(dim_of(v) for v in values) if values is not None else None
     dtype = getattr(ty, "dtype", None)
     return dims, (str(dtype) if dtype is not None and str(dtype) else None)
+
+
+def dim_of(value) -> int | str:
+    """One dimension of a Relax shape: an int, or the text of a symbolic one (``'batch'``)."""
+    try:
+        return int(value)
+    except TypeError:
+        return str(value)
 
 
 def _collect(proto, mod, importer) -> ImportedModel:
@@ -296,8 +303,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
         expr = record.get(vi.name)
         shape, dtype = _tensor_info(expr)
         if shape is None:
-            raise ModelError(
-                f"input '{vi.name}' has no static shape: pass shapes={{'{vi.name}': (...)}}")
+            raise ModelError(f"input '{vi.name}' has no known rank: pass shapes={{'{vi.name}': (...)}}")
         sources.add(SourceValue(key=vi.name, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
         sources.model_inputs.append(vi.name)
         bound, weight = _index_bound(graph, vi.name, initializers)

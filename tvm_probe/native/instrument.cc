@@ -332,7 +332,9 @@ class Session {
     if (BeforeRun(raw[2])) {
       int occurrence = seen_[id]++;
       if (occurrence >= symbol.count) {
-        if (!symbol.is_view) Unexpected(SymbolName(raw[1]), occurrence);
+        // a view too: views are matched by occurrence, and an extra one means the matching
+        // of the ones before it cannot be trusted
+        Unexpected(SymbolName(raw[1]), occurrence);
         return;
       }
       int index = plan_.occurrences[symbol.first + occurrence];
