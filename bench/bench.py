@@ -3,6 +3,7 @@
     python bench/bench.py                 # everything: demo BERT, bert-base, instrument (~25 min on 2 cores)
     python bench/bench.py --quick         # demo BERT and the instrument section (~3 min)
     python bench/bench.py --instrument    # the instrument section only (~2 min)
+    python bench/bench.py --compare       # the full-compare section only (~2 min)
 
 Updates ``bench/results.md``: the sections a run measures replace those of the same title, the
 others are kept.  Each comparison interleaves its variants run by run and reports medians and
@@ -10,7 +11,8 @@ their ratio; peak memory is measured in a fresh subprocess per mode, as the high
 resident memory during the run alone (``/proc/self/clear_refs``).
 Targets: full capture <= 1.10x a plain run, selective <= 1.02x, build <= 1.15x, disk-mode peak
 <= plain peak + 2 x the largest captured tensor + 64 MiB; for the capture instrument (issue 16)
-also <= 0.5 us per VM call and copies at >= 80 % of a numpy memcpy of the same bytes.
+also <= 0.5 us per VM call and copies at >= 80 % of a numpy memcpy of the same bytes; a full
+compare (recomputation included) <= 3x one run.
 """
 from __future__ import annotations
 
@@ -530,6 +532,55 @@ INSTRUMENT_NOTES = """### Why the instrument targets are missed where they are
 """.splitlines()
 
 
+# ------------------------------------------------------------------------------ compare
+COMPARE_TARGET = 3.0  # a full compare, recomputation included, against one run
+
+
+def bench_compare(label: str, model, inputs, runs: int = 5) -> list[str]:
+    """A full ``compare`` against onnxruntime on a fresh ``fused`` probe (nothing recomputed or
+    folded yet: cut modules and folded values are built during it) against one plain run.
+
+    The reference itself (onnxruntime with every tensor an output) is computed first and not
+    counted: it is the reference runtime's cost, not tvm_probe's.
+    """
+    from tvm_probe import Probe
+    from tvm_probe.compare import compare
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    reference = onnxruntime_values(model, inputs)
+    probe = Probe.from_onnx(model, pipeline="fused")
+    probe.run(inputs, capture=None)  # warm-up
+    run = statistics.median(timed(lambda: probe.run(inputs, capture=None)) for _ in range(runs))
+    t0 = time.perf_counter()
+    probe.run(inputs)
+    result = compare(probe, reference)
+    full = time.perf_counter() - t0
+    served = probe.sources["served"].value_counts().to_dict()
+    return [f"### {label}", "", f"{len(result.values)} values compared ({result.verdict()[:60]}...); served "
+            + ", ".join(f"{k} {v}" for k, v in served.items()), "",
+            "| variant | seconds | ratio | target | |", "|---|---|---|---|---|",
+            ratio_row("one run (capture=None)", run, run, None),
+            ratio_row("run + full compare, recomputation and folding included", full, run, COMPARE_TARGET), ""]
+
+
+def compare_section(full: bool) -> list[str]:
+    from tvm_probe import demo
+
+    lines = ["## Full compare", "", "Issue 11's target: comparing every value (recomputing every value kept "
+             f"inside fused kernels and every folded one) costs <= {COMPARE_TARGET:g}x one run. Cut modules are "
+             "built all at once and folded values evaluated in one build, once per probe.", ""]
+    model = demo.tiny_bert()
+    lines += bench_compare("demo BERT (2 layers, hidden 64), `fused`", model, demo.demo_inputs(model))
+    model = demo.tiny_bert(num_layers=8, hidden=256, heads=4, seq_len=64)
+    lines += bench_compare("8 layers, hidden 256, seq 64 (the issue's model size), `fused`", model,
+                           demo.demo_inputs(model))
+    if full:
+        model = demo.bert_base(vocab=8192)
+        lines += bench_compare("bert-base (12 layers, hidden 768, seq 128), `fused`", model,
+                               demo.demo_inputs(model), runs=2)
+    return lines
+
+
 # ------------------------------------------------------------------------------ report
 def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
@@ -568,9 +619,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="demo BERT and the instrument section")
     parser.add_argument("--instrument", action="store_true", help="the capture instrument section only")
+    parser.add_argument("--compare", action="store_true", help="the full-compare section only")
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
-    models = [] if args.instrument else ["demo"] if args.quick else ["demo", "bert-base"]
+    models = [] if args.instrument or args.compare else ["demo"] if args.quick else ["demo", "bert-base"]
     header = ["# tvm_probe benchmark results", "",
               f"Machine: {os.cpu_count()} cores, {sys.platform}; python {sys.version.split()[0]}; "
               f"written by `bench/bench.py` on {time.strftime('%Y-%m-%d %H:%M')} (sections not measured "
@@ -588,7 +640,10 @@ def main() -> None:
         ort_times = bench_onnxruntime(model, inputs, rounds)
         base = ort_times["onnxruntime"]
         measured += [f"| {k} | {v * 1e3:.2f} ms | {v / base:.3f}x |" for k, v in ort_times.items()] + [""]
-    measured += instrument_section()
+    if not args.compare:
+        measured += instrument_section()
+    if not args.instrument:
+        measured += compare_section(full=not (args.quick or args.compare))
     old = args.out.read_text() if args.out.exists() else ""
     text = merge_results(old, header, sections(measured) + sections(NOTES))
     args.out.write_text(text)

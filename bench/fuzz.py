@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                f"(seeds {args.start}..{args.start + args.graphs - 1}, max {args.max_ops} op groups, "
                f"{seconds:.0f} s)")
     print(summary)
-    lines = [f"# Kernel-map fuzzer results", "", f"Run on {date.today()} with `python bench/fuzz.py "
+    lines = ["# Kernel-map fuzzer results", "", f"Run on {date.today()} with `python bench/fuzz.py "
              f"--graphs {args.graphs} --start {args.start} --max-ops {args.max_ops}`:", "", summary, ""]
     lines += [f"- seed {s}: {'; '.join(p[:3])}" for s, p in failed.items()]
     args.out.write_text("\n".join(lines) + "\n")

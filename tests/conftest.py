@@ -5,6 +5,7 @@ and per pipeline, and every test reads from them.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,3 +58,8 @@ def fused_bert_probe(bert_model):
     from tvm_probe import Probe
 
     return Probe.from_onnx(bert_model, target="llvm", pipeline="fused")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh Python process (to test imports and missing packages)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

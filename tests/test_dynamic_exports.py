@@ -21,7 +21,7 @@ from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
 
 from hf_models import TEXT_AXES, export_dynamo, export_legacy, hf_bert, hf_gpt2, logits  # noqa: E402
-from torch_models import tiny_torch_cnn  # noqa: E402
+from torch_models import eager_module_outputs, tiny_torch_cnn  # noqa: E402
 
 ATOL = 1e-4
 TEXT = ["input_ids", "attention_mask"]
@@ -58,25 +58,6 @@ def _feeds(name, args) -> dict[str, np.ndarray]:
     return {n: a.numpy() for n, a in zip(EXPORTS[name][2], args)}
 
 
-def _hooked(module, args, paths) -> dict[str, np.ndarray]:
-    """Each module's (first tensor) output in eager PyTorch; the last call wins."""
-    modules, found = dict(module.named_modules()), {}
-
-    def keep(path):
-        def hook(mod, inputs, output):
-            tensor = output[0] if isinstance(output, tuple) else output
-            found[path] = tensor.detach().numpy().copy()
-        return hook
-    handles = [modules[p].register_forward_hook(keep(p)) for p in paths]
-    try:
-        with torch.no_grad():
-            module(*args)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("pipeline", ["default", "fused"])
 @pytest.mark.parametrize("name", list(EXPORTS))
@@ -95,7 +76,7 @@ def test_dynamic_export_probes_with_shapes(exported, name, pipeline):
         eager = logits(module(*args))
     np.testing.assert_allclose(next(iter(outputs.values())), eager.numpy(), atol=ATOL)
     paths = EXPORTS[name][4]
-    for path_name, value in _hooked(module, args, paths).items():
+    for path_name, value in eager_module_outputs(module, args, paths).items():
         np.testing.assert_allclose(probe.get(path_name), value, atol=ATOL, err_msg=f"{name} {path_name}")
     verification = probe.verify(feeds)
     assert verification, verification.summary()
@@ -129,13 +110,10 @@ def test_inputs_left_out_of_shapes_follow_shared_dimension_names(exported):
     assert imported.fixes[0].sources == ("/bert/ConstantOfShape",)
 
 
-def test_a_symbolic_model_without_shapes_is_a_one_line_error(exported):
+def test_a_symbolic_model_without_shapes_is_imported_with_its_symbolic_dimensions(exported):
+    """Without shapes= the model is compiled as deployed, dynamic (tests/test_dynamic_executable.py)."""
     path, _, _ = exported("bert_legacy")
-    with pytest.raises(ModelError) as info:
-        import_onnx(path)
-    assert str(info.value) == (
-        "inputs 'input_ids' ([batch, seq]), 'attention_mask' ([batch, seq]) have no static shape: "
-        "pass shapes={'input_ids': (batch, seq), 'attention_mask': (batch, seq)} with numbers for batch, seq")
+    assert [s.shape for s in import_onnx(path).inputs] == [("batch", "seq"), ("batch", "seq")]
 
 
 @pytest.mark.parametrize("shapes, message", [

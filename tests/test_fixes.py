@@ -240,27 +240,22 @@ def test_unfixed_constructs_are_named_in_build_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_upstream_bert_pytorch_probes_with_its_one_fix(pipeline):
-    """BERT-pytorch's attention (``masked_fill(mask == 0, ...)`` on a bool mask) as upstream writes it."""
-    from hf_models import upstream_bert
+    """Issue 17's model: BERT as BERT-pytorch writes it (8 blocks, hidden 256, 4 heads, vocab 15,
+    padded inputs; ``masked_fill(mask == 0, ...)`` on a bool mask), every module path equal to
+    eager PyTorch, the summary naming the one fix."""
+    from handwritten_models import codertimo_bert
 
-    module, args = upstream_bert()
+    module, args = codertimo_bert(layers=8, hidden=256, heads=4, vocab=15, mask_style="eq0")
     probe = Probe.from_torch(module, args, pipeline=pipeline)
-    assert [f.summary() for f in probe.imported.fixes] == [
-        "import fix bool_compare_constant on 2 ops (eq, eq_1): comparing a bool tensor with 0/1/False/True "
-        "becomes logical_not or the tensor itself"]
+    assert [f.name for f in probe.import_fixes] == ["bool_compare_constant"]
+    assert probe.findings()[0].startswith("import fix 'bool_compare_constant' applied at eq, eq_1, eq_2 and 5 more: ")
     probe.run([a.numpy() for a in args])
-    outputs = {}  # every module that runs, by path: its output in eager PyTorch
-    hooks = [m.register_forward_hook(lambda mod, i, o, p=p: outputs.__setitem__(p, o.detach().numpy().copy()))
-             for p, m in module.named_modules() if p]
-    with torch.no_grad():
-        module(*args)
-    for hook in hooks:
-        hook.remove()
-    node_names = {n for v in probe.imported.sources for n in (v.key, v.node)}
-    paths = [p for p in outputs if p not in node_names]  # a node name wins over a module path
-    assert len(paths) > 20
-    for path in paths:
-        np.testing.assert_allclose(probe.get(path), outputs[path], atol=1e-4, err_msg=path)
+    from torch_models import eager_module_outputs
+
+    tensors = eager_module_outputs(module, args)  # every module called through __call__
+    assert len(tensors) > 100
+    for path, expected in tensors.items():
+        np.testing.assert_allclose(probe.get(f"module:{path}"), expected, atol=1e-4, err_msg=path)
 
 
 @needs_torch

@@ -29,6 +29,8 @@ from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
 from tvm_probe.reference.tflite import compare_tf_names, tflite_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
 
+from conftest import run_python  # noqa: E402
+
 MODELS = Path(__file__).parent / "tflite_models"
 NAMES = ["bert", "cnn"]
 PIPELINES = ["default", "fused"]
@@ -357,12 +359,8 @@ def test_interpreter_inputs_are_checked():
         tflite_values(_path("bert"), {"input_ids": inputs["input_ids"]})
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-
-
 def test_missing_packages_are_one_line_model_errors():
-    no_tflite = _python(
+    no_tflite = run_python(
         "import sys; sys.modules['tflite'] = None\n"
         "from tvm_probe.importer.tflite import import_tflite\n"
         "from tvm_probe import ModelError\n"
@@ -370,7 +368,7 @@ def test_missing_packages_are_one_line_model_errors():
         "except ModelError as err:\n    print(err)\n")
     assert no_tflite.stdout.strip() == ("TVM's TFLite importer needs the 'tflite' package: "
                                         "pip install 'tvm_probe[tflite]'"), no_tflite.stderr
-    no_interpreter = _python(
+    no_interpreter = run_python(
         "import sys\n"
         "for m in ('ai_edge_litert', 'ai_edge_litert.interpreter', 'tflite_runtime', "
         "'tflite_runtime.interpreter', 'tensorflow'):\n    sys.modules[m] = None\n"
@@ -384,7 +382,7 @@ def test_missing_packages_are_one_line_model_errors():
 
 
 def test_importing_tvm_probe_does_not_import_tflite_or_an_interpreter():
-    result = _python("import sys, tvm_probe, tvm_probe.importer.tflite, tvm_probe.reference.tflite\n"
+    result = run_python("import sys, tvm_probe, tvm_probe.importer.tflite, tvm_probe.reference.tflite\n"
                      "print(sorted(m for m in ('tflite', 'ai_edge_litert', 'tflite_runtime', 'tensorflow', 'tvm')"
                      " if m in sys.modules))")
     assert result.stdout.strip() == "[]", result.stderr
@@ -403,7 +401,7 @@ def test_tflite_config_with_tflite_reference_through_the_cli(tmp_path):
                          capture_output=True, text=True)
     # TVM keeps dims where FULLY_CONNECTED flattens: the interpreter comparison reports exactly those
     assert run.returncode == 1, run.stderr
-    assert run.stdout.strip().splitlines()[-1].startswith("2 of 104 compared values out of tolerance; "
+    assert run.stdout.strip().splitlines()[-1].startswith("FAIL: 2 of 104 compared values out of tolerance; "
                                                           "first divergent op: ")
     assert load_dump(tmp_path / "dump").get("layer_._0/attention/self/key/BiasAdd").shape == (1, 8, 32)
     config.write_text(config.read_text().replace("reference: tflite", "reference: onnxruntime")

@@ -5,9 +5,6 @@ node in eager PyTorch, and module outputs come from forward hooks registered her
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -19,7 +16,8 @@ from tvm_probe.importer.torch import export_program, import_torch, node_keys  # 
 from tvm_probe.reference.torch import torch_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
 
-from torch_models import tiny_torch_bert, tiny_torch_cnn  # noqa: E402
+from conftest import run_python  # noqa: E402
+from torch_models import eager_module_outputs, tiny_torch_bert, tiny_torch_cnn  # noqa: E402
 
 PIPELINES = ["default", "fused"]
 ATOL = 1e-4
@@ -33,20 +31,6 @@ def _probes(module, args) -> dict[str, Probe]:
         probe.run([a.numpy() for a in args])
         probes[pipeline] = probe
     return probes
-
-
-def _hooked_outputs(module, args, paths) -> dict[str, np.ndarray]:
-    """Each module's output in eager PyTorch, from forward hooks (the last call wins)."""
-    modules, outputs = dict(module.named_modules()), {}
-    handles = [modules[p].register_forward_hook(
-        lambda m, i, o, p=p: outputs.__setitem__(p, o.detach().numpy().copy())) for p in paths]
-    try:
-        with torch.no_grad():
-            module(*args)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +85,7 @@ def test_tagged_import_is_structurally_identical_to_a_plain_import(request, name
 def test_module_paths_resolve_to_the_module_outputs(bert, bert_probes, pipeline):
     paths = ["bert.embeddings", "bert.encoder.layer.0.attention", "bert.encoder.layer.0.attention.self.query",
              "bert.encoder.layer.1.intermediate", "bert.encoder", "bert.pooler", "classifier"]
-    expected = _hooked_outputs(*bert, paths)
+    expected = eager_module_outputs(*bert, paths)
     probe = bert_probes[pipeline]
     for path in paths:
         np.testing.assert_allclose(probe.get(path), expected[path], atol=ATOL, err_msg=path)
@@ -119,7 +103,7 @@ def test_node_and_weight_names_resolve(bert, bert_probes):
 
 def test_a_module_called_several_times_answers_with_its_last_call(cnn, cnn_probes):
     """``act`` (one ReLU) runs three times; its path names the third call's output."""
-    expected = _hooked_outputs(*cnn, ["act", "bn2", "pool"])
+    expected = eager_module_outputs(*cnn, ["act", "bn2", "pool"])
     for path, value in expected.items():
         np.testing.assert_allclose(cnn_probes["fused"].get(path), value, atol=ATOL, err_msg=path)
 
@@ -181,7 +165,7 @@ def test_dynamo_onnx_export_answers_to_module_paths(bert, tmp_path):
     probe = Probe.from_onnx(path, pipeline="default")
     probe.run({"input_ids": args[0].numpy(), "attention_mask": args[1].numpy()})
     names = ["bert.encoder.layer.0.attention.self.query", "bert.encoder.layer.1.attention", "classifier"]
-    expected = _hooked_outputs(module, args, names)
+    expected = eager_module_outputs(module, args, names)
     for name in names:
         np.testing.assert_allclose(probe.get(name), expected[name], atol=ATOL, err_msg=name)
 
@@ -227,12 +211,8 @@ def test_a_failing_converter_names_the_fx_node(monkeypatch, raised, expected):
     assert isinstance(info.value, UnsupportedOpError) == (expected is UnsupportedOpError)
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-
-
 def test_missing_torch_is_a_one_line_model_error():
-    result = _python(
+    result = run_python(
         "import sys; sys.modules['torch'] = None\n"
         "from tvm_probe.importer.torch import import_torch\n"
         "from tvm_probe import ModelError\n"
@@ -242,7 +222,7 @@ def test_missing_torch_is_a_one_line_model_error():
 
 
 def test_importing_tvm_probe_does_not_import_torch():
-    result = _python("import sys, tvm_probe, tvm_probe.importer.torch, tvm_probe.reference.torch\n"
+    result = run_python("import sys, tvm_probe, tvm_probe.importer.torch, tvm_probe.reference.torch\n"
                      "print('torch' in sys.modules)")
     assert result.stdout.strip() == "False", result.stderr
 

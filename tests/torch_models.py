@@ -204,3 +204,29 @@ def tiny_torch_cnn(seed=0, batch=1, image=16, **sizes):
             bn.running_var.uniform_(0.5, 2.0)
     model.eval()
     return model, (torch.randn(batch, 3, image, image, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def eager_module_outputs(module, args, paths=None) -> dict:
+    """Each module's output in eager PyTorch, by path, from forward hooks (the last call wins;
+    a tuple output gives its first tensor).  ``paths`` defaults to every submodule."""
+    import numpy as np
+
+    modules = dict(module.named_modules())
+    paths = [p for p in modules if p] if paths is None else list(paths)
+    found: dict[str, np.ndarray] = {}
+
+    def keep(path):
+        def hook(mod, inputs, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            if isinstance(tensor, torch.Tensor):
+                found[path] = tensor.detach().numpy().copy()
+        return hook
+
+    handles = [modules[p].register_forward_hook(keep(p)) for p in paths]
+    try:
+        with torch.no_grad():
+            module(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found

@@ -55,9 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     run = command("run", help="run the investigation a YAML config describes (the main job)",
                   description="Import and compile the model, run it once capturing intermediates, write the "
                               "dump, compare with the reference, write the report.", epilog=EXIT_HELP)
-    run.add_argument("config", type=Path, help="YAML config (see configs/example.yaml)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set pipeline=fused --set output.overwrite=true")
+    _config_arguments(run)
     run.add_argument("--verify", action="store_true",
                      help="also check every served value against an independent unfused build (exit 3 "
                           "if one differs: a tvm_probe problem)")
@@ -76,8 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                   epilog=EXIT_HELP)
     cmp.add_argument("dump", type=Path)
     cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
-    cmp.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype, 1e-4 for float32)")
-    cmp.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype, 1e-3 for float32)")
+    _tolerance_arguments(cmp)
     cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
 
     diff = command("diff", help="compare two dumps of one source model by source name (DUMP_B is the reference)",
@@ -86,8 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                                "'compare' does, DUMP_B being the reference.", epilog=EXIT_HELP)
     diff.add_argument("dump", type=Path, help="DUMP_A: the run under test")
     diff.add_argument("reference", type=Path, help="DUMP_B: the reference run")
-    diff.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype, 1e-4 for float32)")
-    diff.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype, 1e-3 for float32)")
+    _tolerance_arguments(diff)
     diff.add_argument("-o", "--report", type=Path, help="also write the report (of DUMP_A) to this folder")
 
     rep = command("report", help="write tables (CSV, HTML) and the graph for a dump")
@@ -103,19 +99,28 @@ def _parser() -> argparse.ArgumentParser:
                   description="Cut the model where the config's 'split' key says, export every value that "
                               "crosses a cut, compile each stage, and check that the chained stages reproduce "
                               "the whole model (max abs difference <= --atol).")
-    spl.add_argument("config", type=Path)
-    spl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _config_arguments(spl)
     spl.add_argument("--atol", type=float, default=1e-5, help="allowed difference (default: 1e-5)")
     red = command("reduce", help="reduce a model TVM gets wrong to the smallest sub-model that still fails, "
                                  "written as a standalone reproduction for a TVM bug report",
                   description="Find the smallest ONNX sub-model on which the config's TVM build still diverges "
                               "from the reference (or fails to compile) the same way, and write DIR: model.onnx, "
                               "inputs.npz, expected.npz, repro.py (tvm + onnxruntime + numpy only), README.md.")
-    red.add_argument("config", type=Path)
+    _config_arguments(red)
     red.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
-    red.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     red.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     return p
+
+
+def _tolerance_arguments(parser) -> None:
+    parser.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype, 1e-4 for float32)")
+    parser.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype, 1e-3 for float32)")
+
+
+def _config_arguments(parser) -> None:
+    parser.add_argument("config", type=Path, help="YAML config (see configs/example.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set pipeline=fused --set output.overwrite=true")
 
 
 # -- commands: each calls one function and prints ------------------------------------------------

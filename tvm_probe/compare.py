@@ -144,9 +144,11 @@ def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.nd
     diff = np.abs(gf - rf)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(rf), np.finfo(np.float64).tiny))
-    norm = np.linalg.norm(gf) * np.linalg.norm(rf)
-    cosine = float(gf @ rf / norm) if norm > 0 else (1.0 if not gf.any() and not rf.any() else 0.0)
-    noise, signal = float(np.sum((gf - rf) ** 2)), float(np.sum(rf ** 2))
+    # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
+    gg, rr, gr = float(np.add.reduce(gf * gf)), float(np.add.reduce(rf * rf)), float(np.add.reduce(gf * rf))
+    norm = np.sqrt(gg) * np.sqrt(rr)
+    cosine = gr / norm if norm > 0 else (1.0 if not gf.any() and not rf.any() else 0.0)
+    noise, signal = float(np.add.reduce(diff * diff)), rr
     snr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
     return ValueComparison(
         **base, max_abs=float(diff.max()) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,

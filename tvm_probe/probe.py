@@ -54,7 +54,7 @@ class Probe(Results):
         imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
         self._executor = DebugExecutor(built, kernel_map, sources=imported.sources)
-        self._recomputer = Recomputer(built.target)
+        self._recomputer = Recomputer(built.target, [s.group for s in kernel_map.sites if s.group is not None])
         self._capture: Capture | None = None
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
@@ -170,7 +170,7 @@ class Probe(Results):
         """The inputs of the last :meth:`run`, in :attr:`inputs` order."""
         return self._require_run().inputs
 
-    def verify(self, inputs) -> "Verification":
+    def verify(self, inputs):
         """Check every value this probe serves against an independent, unfused evaluation.
 
         Runs the model on ``inputs`` (capturing everything), builds the imported module again
@@ -340,9 +340,10 @@ class Probe(Results):
     def _recompute(self, site, key: str) -> dict[str, np.ndarray]:
         """Every source value ``site`` keeps inside, from the inputs it received in the last run."""
         inputs = self._site_inputs(site, self.imported.sources[key].display_name)
-        tensors = self._recomputer.interior_values(site, inputs)
         places = self.kernel_map.places
-        return {k: tensors[places[k].inner] for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR}
+        keys = [k for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR]
+        tensors = self._recomputer.interior_values(site, inputs, {places[k].inner for k in keys})
+        return {k: tensors[places[k].inner] for k in keys}
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
         outs = self._require_run().outputs.get(site)

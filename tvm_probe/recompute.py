@@ -21,17 +21,26 @@ from .kernel_map import CallSite
 
 
 class Recomputer:
-    """Builds and caches cut modules; see the module docstring."""
+    """Builds cut modules and runs them; see the module docstring.
 
-    def __init__(self, target):
+    Every cut a kernel map needs is compiled into one module on first use (one build instead of
+    one per grouped function: a build costs a second or so, a run of a cut about what its
+    kernel costs).  When that build fails, each cut is built on its own, so the error names the
+    kernel whose cut fails.
+    """
+
+    def __init__(self, target, groups=()):
         self._target = target
-        self._cuts: dict[str, tuple] = {}
+        self._groups = {g.name: g for g in groups}
+        self._vm = None
         self._lock = threading.Lock()
 
-    def interior_values(self, site: CallSite, site_inputs: list[np.ndarray]) -> dict:
-        """Every tensor ``site``'s grouped function binds (by its Var), from the site's inputs."""
+    def interior_values(self, site: CallSite, site_inputs: list[np.ndarray], wanted=None) -> dict:
+        """The tensors ``site``'s grouped function binds (by its Var; only those in ``wanted``
+        when given), from the inputs the site received."""
+        import tvm
+
         group = site.group
-        vm, returned = self._cut(group)
         feed = []
         for i, pos in enumerate(group.param_args):
             if pos is not None:
@@ -41,38 +50,67 @@ class Recomputer:
             else:  # FuseTIR fed this parameter from something the call site does not pass
                 raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
                                           "matches no argument of the compiled call")
-        import tvm
-
+        vm = self._built(group)
         dev = device_for(self._target)
-        results = vm["main"](*[tvm.runtime.tensor(a, dev) for a in feed])
-        return dict(zip(returned, (r.numpy() for r in results)))
+        results = vm[_cut_name(group)](*[tvm.runtime.tensor(a, dev) for a in feed])
+        return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
 
-    def _cut(self, group):
+    def _built(self, group):
         with self._lock:
-            if group.name not in self._cuts:
-                self._cuts[group.name] = self._build_cut(group)
-            return self._cuts[group.name]
+            self._groups.setdefault(group.name, group)
+            if self._vm is None or _cut_name(group) not in self._names:
+                self._vm, self._names = self._build(list(self._groups.values()))
+            return self._vm
 
-    def _build_cut(self, group):
-        import tvm
+    def _build(self, groups):
         from tvm import relax
 
-        func = group.function
-        block = func.body.blocks[0]
-        tensors = [b.var for b in block.bindings if isinstance(b.var.ty, relax.TensorType)]
-        outs = [relax.Var(f"out{i}", v.ty) for i, v in enumerate(tensors)]
-        bindings = list(block.bindings) + [relax.VarBinding(o, v) for o, v in zip(outs, tensors)]
-        body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))
-        cut = relax.Function(list(func.params), body, relax.TupleType([v.ty for v in tensors]))
-        mod = tvm.IRModule({"main": cut})
-        for gvar, f in group.prim_funcs.items():
-            mod[gvar] = f
         try:
-            with native_log_to_logging():
-                ex = tvm.compile(mod, self._target)
-        except Exception as err:
-            raise ProbeError(f"cannot recompute values inside kernel {group.name}: {one_line(err)}") from None
-        return relax.VirtualMachine(ex, device_for(self._target)), tensors
+            executable = _compile_cuts(groups, self._target)
+        except Exception:
+            for group in groups:  # which one: build them one by one
+                try:
+                    _compile_cuts([group], self._target)
+                except Exception as err:
+                    raise ProbeError(f"cannot recompute values inside kernel {group.name}: "
+                                     f"{one_line(err)}") from None
+            raise
+        return relax.VirtualMachine(executable, device_for(self._target)), {_cut_name(g) for g in groups}
+
+
+def _cut_name(group) -> str:
+    return f"cut_{group.name}"
+
+
+def _tensors(group) -> list:
+    """The tensors a grouped function binds, in order: what its cut returns."""
+    from tvm import relax
+
+    return [b.var for b in group.function.body.blocks[0].bindings if isinstance(b.var.ty, relax.TensorType)]
+
+
+def _cut(group):
+    """The grouped function, returning every tensor it binds instead of its result."""
+    from tvm import relax
+
+    func = group.function
+    tensors = _tensors(group)
+    outs = [relax.Var(f"out{i}", v.ty) for i, v in enumerate(tensors)]
+    bindings = list(func.body.blocks[0].bindings) + [relax.VarBinding(o, v) for o, v in zip(outs, tensors)]
+    body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))
+    return relax.Function(list(func.params), body, relax.TupleType([v.ty for v in tensors]))
+
+
+def _compile_cuts(groups, target):
+    """One executable holding the cut of every group (function ``cut_<name>``), built quietly."""
+    import tvm
+
+    mod = tvm.IRModule({_cut_name(g): _cut(g) for g in groups})
+    for group in groups:
+        for gvar, prim in group.prim_funcs.items():
+            mod[gvar] = prim
+    with native_log_to_logging():
+        return tvm.compile(mod, target)
 
 
 def _slice(main, variables) -> list | None:

@@ -42,7 +42,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
 import shutil
 import string
@@ -59,6 +58,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from .errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, one_line
+from .store.atomic import replace_folder
 from .tolerance import EXACT, Tolerance, default_tolerance, within
 
 log = logging.getLogger(__name__)
@@ -905,7 +905,7 @@ def write_repro(result: Reduction, out_dir: Path, overwrite: bool = False, verif
         (tmp / "repro.py").write_text(script)
         transcript = run_repro(tmp, result.failure) if verify else None
         (tmp / "README.md").write_text(readme(result, transcript))
-        _move_into_place(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OSError):
@@ -919,21 +919,6 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise ReduceError(f"'{out_dir}' already exists: choose another folder or pass overwrite=True")
     if out_dir.exists() and not out_dir.is_dir():
         raise ReduceError(f"'{out_dir}' exists and is not a folder: choose another path")
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename the finished folder into place; an old one is removed only after that succeeded."""
-    if not out_dir.exists():
-        os.rename(tmp, out_dir)
-        return
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        os.rename(old, out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

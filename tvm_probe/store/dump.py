@@ -45,6 +45,7 @@ from ..results import NodeInfo, Results
 from ..sources import Kind, Served, SourceMap, SourceValue
 from . import graph as graph_layout
 from . import legacy, paramdict
+from .atomic import replace_folder
 from .legacy import tensor_key
 
 log = logging.getLogger(__name__)
@@ -163,19 +164,7 @@ class DumpWriter:
 
     def commit(self) -> Path:
         """Move the finished dump into place; an old dump is removed only after that succeeded."""
-        root, tmp = self.root, self.tmp
-        if not root.exists():
-            os.rename(tmp, root)
-            return root
-        old = root.with_name(f".{root.name}.old-{os.getpid()}")
-        os.rename(root, old)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            os.rename(old, root)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-        return root
+        return replace_folder(self.tmp, self.root)
 
     def abort(self) -> None:
         """Remove the temporary folder (after a failure: the close may fail the same way)."""
