@@ -45,19 +45,27 @@ def test_truncated_onnx_file(tmp_path, bert_model):
     assert str(err.value).startswith(f"'{path}' is not an ONNX model") and "\n" not in str(err.value)
 
 
-def test_dynamic_dimension_needs_a_shape():
+def test_dynamic_dimensions_compile_dynamically_or_as_pinned():
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(ModelError) as err:
-        Probe.from_onnx(model)
-    assert str(err.value) == "input 'x' has no static shape ([batch, 4]): pass shapes={'x': (batch, 4)} with numbers for batch"
-    probe = Probe.from_onnx(model, shapes={"x": (2, 4)})
     x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
-    np.testing.assert_array_equal(probe.run({"x": x})["y"], np.maximum(x, 0))
+    dynamic = Probe.from_onnx(model)
+    assert dynamic.inputs[0].shape == ("batch", 4)
+    np.testing.assert_array_equal(dynamic.run(x)["y"], np.maximum(x, 0))
+    np.testing.assert_array_equal(dynamic.run(x[:1])["y"], np.maximum(x[:1], 0))
+    with pytest.raises(InputError, match=r"^input 'x' has shape \[2, 5\], the model expects \['batch', 4\]"):
+        dynamic.run(np.zeros((2, 5), np.float32))
+    pinned = Probe.from_onnx(model, shapes={"x": (2, 4)})
+    np.testing.assert_array_equal(pinned.run({"x": x})["y"], np.maximum(x, 0))
+    rankless = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(ModelError, match=r"^input 'x' has no known rank: pass shapes=\{'x': \(\.\.\.\)\}$"):
+        Probe.from_onnx(helper.make_model(rankless, opset_imports=[helper.make_opsetid("", 17)]))
 
 
 # -- inputs --------------------------------------------------------------------------------------

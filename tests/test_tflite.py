@@ -409,5 +409,5 @@ def test_tflite_config_with_tflite_reference_through_the_cli(tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
                            capture_output=True, text=True)
     assert wrong.returncode == 2
-    assert wrong.stderr.strip().splitlines()[-1] == ("tvm-probe: error: reference: 'onnxruntime' cannot run a "
-                                                     "TFLite model: use reference: tflite")
+    assert wrong.stderr.strip().splitlines()[-1] == (f"tvm-probe: error: {config}:3: reference: 'onnxruntime' "
+                                                     "cannot run a TFLite model: use reference: tflite")

@@ -234,11 +234,21 @@ def test_torch_config_with_torch_reference_through_the_cli(tmp_path):
 
     factory = Path(__file__).parent / "torch_models.py"
     config = tmp_path / "torch.yaml"
-    config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\npipeline: fused\nreference: torch\n")
+    config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\npipeline: fused\nreference: torch\n"
+                      f"output: {{dump: {tmp_path / 'dump'}}}\nsplit: {{cuts: [bmm]}}\n")
     run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1].startswith("all 141 compared values within tolerance; ")
+    # the dump records the torch factory: compare reloads it and runs eager PyTorch
+    again = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "compare", str(tmp_path / "dump")],
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().splitlines()[-1].startswith("all 141 compared values within tolerance; ")
+    split = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "split", str(config)],
+                           capture_output=True, text=True)
+    assert split.returncode == 2 and split.stderr.strip().endswith(
+        "split: cuts ONNX models into ONNX stages; this is a torch model: export it to ONNX first")
     config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\nreference: onnxruntime\n")
     wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
                            capture_output=True, text=True)

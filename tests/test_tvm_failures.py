@@ -114,7 +114,8 @@ def test_build_failure_without_source_names_still_names_the_kernel():
         "types for FCmp instruction; %N = fcmp oeq i1 %N, false")
     with pytest.raises(TVMCompileError) as err:
         compile_with_snapshots(imported.mod, "llvm", "default", imported=imported)
-    assert _one_line(err).startswith("building for llvm failed in kernel 'equal' at source op 'eq' (aten.eq.Scalar): ")
+    assert _one_line(err).startswith("building for llvm failed in kernel 'equal' at source op 'eq' "
+                                     "(aten.eq.Scalar at test_tvm_failures.py:")
 
 
 # ------------------------------------------------------------------------------ pipeline failures

@@ -32,7 +32,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("instrument.cc")
-PLAN_MAGIC = "tvm_probe.plan.1"
+PLAN_MAGIC = "tvm_probe.plan.2"
 #: The global function a VM's ``set_instrument`` can be given by name, with a session id.
 FACTORY = "tvm_probe.capture.instrument"
 ALIGN = 64  # every tensor in the arena starts on a cache line
@@ -130,7 +130,7 @@ class NativeLibrary:
     def __init__(self, tvm_ffi):
         prefix = "tvm_probe.capture."
         for name in ("open", "instrument", "buffers", "begin", "end", "unexpected", "error", "arena",
-                     "close"):
+                     "kept", "close"):
             setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
         self.noop = tvm_ffi.get_global_func(prefix + "noop")  # an instrument that does nothing
 
@@ -193,8 +193,13 @@ def layout(outputs: list[tuple[tuple[int, ...], str]], start: int = 0) -> tuple[
     return slots, offset
 
 
-def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: float = 20.0) -> str:
-    """The text the C++ side parses (format: ``ParsePlan`` in instrument.cc)."""
+def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: float = 20.0,
+                sync_device: tuple[int, int] | None = None) -> str:
+    """The text the C++ side parses (format: ``ParsePlan`` in instrument.cc).
+
+    ``sync_device`` (DLPack device type, index), when given, is synchronized around every kernel
+    call, so that kernel times are device times (the host clock around a device sync).
+    """
     import tvm_ffi
 
     symbols = list(dict.fromkeys(s.symbol for s in sites))
@@ -205,7 +210,9 @@ def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: floa
     if deep:
         raise NativeUnavailable(f"a kernel output has {len(deep[0].shape)} dimensions (at most {MAX_DIMS})")
     ids = {s: i for i, s in enumerate(symbols)}
-    words: list = [PLAN_MAGIC, arena_bytes, signal_check_ms, len(symbols), *symbols, len(sites)]
+    sync_type, sync_id = sync_device or (0, 0)
+    words: list = [PLAN_MAGIC, arena_bytes, signal_check_ms, sync_type, sync_id, len(symbols), *symbols,
+                   len(sites)]
     for s in sites:
         words += [ids[s.symbol], int(s.is_view), s.num_inputs, s.action, len(s.untracked), *s.untracked,
                   len(s.outputs)]
@@ -246,7 +253,8 @@ class NativeSession:
         """Reset before a run.  Outputs are copied to ``arena_address`` (memory the caller
         owns, at least the plan's arena size) or, with 0, to an arena of the session's own
         (:meth:`arena`).  ``on_event(kind, site, *tensors)`` gets untracked inputs (kind 0,
-        before the call) and the outputs of EMIT sites (kind 1, after it)."""
+        before the call) and the outputs of EMIT sites (kind 1, after it); without it,
+        untracked inputs are kept for :meth:`kept` (and a plan with EMIT sites fails)."""
         self._lib._begin(self.id, arena_address, on_event)
 
     def end(self) -> None:
@@ -257,7 +265,7 @@ class NativeSession:
     def unexpected(self) -> list[str]:
         """The first calls of the last run that matched no call site (``stats[UNEXPECTED]``
         counts them all)."""
-        return [str(u) for u in self._lib._unexpected(self.id)]
+        return [u for u in str(self._lib._unexpected(self.id)).split("\n") if u]
 
     def error(self) -> str:
         """Why the instrument stopped the last run ("" when it did not)."""
@@ -267,6 +275,12 @@ class NativeSession:
         """The session's own arena of the last run, when :meth:`begin` got no address."""
         arena = self._lib._arena(self.id)
         return None if arena is None else np.from_dlpack(arena)
+
+    def kept(self, site: int, position: int) -> np.ndarray | None:
+        """Untracked input ``position`` of call site ``site`` in the last run, copied before the
+        call because :meth:`begin` got no ``on_event``; None when it was not."""
+        tensor = self._lib._kept(self.id, site, position)
+        return None if tensor is None else tensor.numpy()
 
     def close(self) -> None:
         if self.id is not None:

@@ -13,17 +13,28 @@
 //
 // Everything is reached through global functions, so a VM can also be instrumented by name
 // (`vm.set_instrument("tvm_probe.capture.instrument", session)`), in this process or in an RPC
-// server that loaded this library: sessions are held in a table and named by an integer.
+// server that loaded this library: sessions are held in a table and named by an integer.  The
+// functions marked (RPC) take and return only what TVM RPC carries (integers, strings, tensors),
+// so a client drives a session in a server process with them (tvm_probe/remote.py).
+//
+// On a device other than the CPU, a plan can ask for a device sync around every kernel call, so
+// that the times are device times (host clock around a device sync; CUDA launches are async),
+// and outputs are copied device -> host through the TVM runtime, one copy per output.
 //
 //   tvm_probe.capture.open(plan: str) -> int             parse a plan (format: see ParsePlan)
 //   tvm_probe.capture.instrument(session) -> Function     the hook; a factory set_instrument takes
 //   tvm_probe.capture.buffers(session) -> [times, stats]  written by every run (see Session)
-//   tvm_probe.capture.begin(session, arena_address, on_event | None)   reset before a run
-//   tvm_probe.capture.end(session)                        after a run (see Session::End)
-//   tvm_probe.capture.unexpected(session) -> [str]        first calls that matched no site
-//   tvm_probe.capture.error(session) -> str               why the instrument stopped a run
-//   tvm_probe.capture.arena(session) -> Tensor | None     outputs, when begin got no address
-//   tvm_probe.capture.close(session)                      forget the session
+//   tvm_probe.capture.times(session) -> Tensor           (RPC) the times buffer alone
+//   tvm_probe.capture.stats(session) -> Tensor           (RPC) the stats buffer alone
+//   tvm_probe.capture.begin(session, arena_address, on_event | None)   (RPC with 0, None) reset
+//   tvm_probe.capture.end(session)                        (RPC) after a run (see Session::End)
+//   tvm_probe.capture.unexpected(session) -> str          (RPC) first calls that matched no site,
+//                                                         one per line
+//   tvm_probe.capture.error(session) -> str               (RPC) why the instrument stopped a run
+//   tvm_probe.capture.arena(session) -> Tensor | None     (RPC) outputs, when begin got no address
+//   tvm_probe.capture.kept(session, site, position) -> Tensor | None   (RPC) an untracked input
+//                                                         kept because begin got no on_event
+//   tvm_probe.capture.close(session)                      (RPC) forget the session
 //   tvm_probe.capture.noop() -> Function                  an instrument doing nothing (benchmarks)
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
@@ -40,6 +51,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <istream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,6 +108,8 @@ struct Plan {
   std::vector<int32_t> untracked;
   int64_t arena_bytes = 0;
   double signal_check_ms = 20.0;      // how often Ctrl-C is looked for
+  bool sync = false;                  // sync sync_device around each kernel call (device times)
+  DLDevice sync_device{kDLCPU, 0};
 };
 
 Slot ParseSlot(std::istream& in) {
@@ -130,7 +144,8 @@ void IndexOccurrences(Plan* plan) {
 /*!
  * \brief Parse the whitespace-separated plan written by tvm_probe/native/__init__.py:
  *
- *   tvm_probe.plan.1 <arena_bytes> <signal_check_ms> <num_symbols> <symbol>...
+ *   tvm_probe.plan.2 <arena_bytes> <signal_check_ms> <sync_device_type> <sync_device_id>
+ *   <num_symbols> <symbol>...        (a sync_device_type of 0: no sync)
  *   <num_sites> then per site:
  *     <symbol id> <is_view> <num_inputs> <action> <num_untracked> <position>...
  *     <num_outputs> then per output: <offset> <nbytes> <code> <bits> <lanes> <ndim> <dim>...
@@ -140,8 +155,13 @@ Plan ParsePlan(const std::string& text) {
   std::string magic;
   Plan plan;
   size_t num_symbols = 0, num_sites = 0;
-  in >> magic >> plan.arena_bytes >> plan.signal_check_ms >> num_symbols;
-  TVM_FFI_CHECK(magic == "tvm_probe.plan.1", ValueError) << "not a tvm_probe plan: " << magic;
+  int sync_type = 0, sync_id = 0;
+  in >> magic;
+  TVM_FFI_CHECK(magic == "tvm_probe.plan.2", ValueError)
+      << "not a plan of this tvm_probe version (expected tvm_probe.plan.2, got " << magic << ")";
+  in >> plan.arena_bytes >> plan.signal_check_ms >> sync_type >> sync_id >> num_symbols;
+  plan.sync = sync_type != 0;
+  plan.sync_device = DLDevice{static_cast<DLDeviceType>(plan.sync ? sync_type : kDLCPU), sync_id};
   plan.names.resize(num_symbols);
   for (auto& name : plan.names) in >> name;
   plan.symbols.resize(num_symbols);
@@ -230,6 +250,12 @@ ffi::Tensor HostTensor(int64_t n, DLDataType dtype) {
                                   DLDevice{kDLCPU, 0});
 }
 
+/*! \brief A host tensor of `tensor`'s shape and dtype (where a kept input is copied to). */
+ffi::Tensor HostTensorLike(const DLTensor& tensor) {
+  return ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::ShapeView(tensor.shape, tensor.ndim),
+                                  tensor.dtype, DLDevice{kDLCPU, 0});
+}
+
 const DLTensor* AsTensor(const TVMFFIAny& value) {
   if (value.type_index == ffi::TypeIndex::kTVMFFITensor) {
     return TVMFFITensorGetDLTensorPtr(value.v_obj);
@@ -267,6 +293,8 @@ class Session {
   }
 
   ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_}; }
+  ffi::Tensor Times() const { return times_; }
+  ffi::Tensor Stats() const { return stats_; }
 
   /*!
    * \brief Reset before a run.  Outputs are copied to `arena_address` (the caller's memory,
@@ -281,6 +309,7 @@ class Session {
     symbol_cache_.Clear();  // pointers are only known stable within one run of one VM
     unexpected_.clear();
     error_.clear();
+    kept_.clear();
     arena_ = ffi::Tensor();
     if (arena_address != 0) {
       arena_data_ = reinterpret_cast<char*>(arena_address);
@@ -303,11 +332,18 @@ class Session {
     arena_data_ = nullptr;
   }
 
-  /*! \brief The first calls of the latest run that matched no call site. */
-  ffi::Array<ffi::String> UnexpectedCalls() const {
-    ffi::Array<ffi::String> out;
-    for (const auto& u : unexpected_) out.push_back(ffi::String(u));
-    return out;
+  /*! \brief The first calls of the latest run that matched no call site, one per line. */
+  ffi::String UnexpectedCalls() const {
+    std::string out;
+    for (const auto& u : unexpected_) out += (out.empty() ? "" : "\n") + u;
+    return ffi::String(out);
+  }
+
+  /*! \brief The untracked input `position` of call site `index` in the latest run, when it
+   * was kept (begin got no on_event); None when it was not. */
+  ffi::Optional<ffi::Tensor> Kept(int64_t index, int64_t position) const {
+    auto it = kept_.find({index, position});
+    return it == kept_.end() ? ffi::Optional<ffi::Tensor>() : ffi::Optional<ffi::Tensor>(it->second);
   }
 
   /*! \brief Why the instrument stopped the latest run ("" if it did not). */
@@ -340,9 +376,11 @@ class Session {
       int index = plan_.occurrences[symbol.first + occurrence];
       const Site& site = plan_.sites[index];
       if (site.num_untracked != 0) EmitUntracked(index, site, raw + 4, num_args - 4);
+      if (plan_.sync) Sync();  // what was launched before is not this call's time
       t_call_ = Clock::now();
       return;
     }
+    if (plan_.sync && seen_[id] <= symbol.count) Sync();  // the kernel itself, not its launch
     Clock::time_point t_end = Clock::now();
     int occurrence = seen_[id] - 1;
     if (occurrence >= symbol.count) return;
@@ -433,6 +471,15 @@ class Session {
     stats_data_[kCopiedBytes] += slot.nbytes;
   }
 
+  /*! \brief Wait for the plan's device to finish what was launched (runtime.Device_StreamSync
+   * on the default stream, what Device.sync() does). */
+  void Sync() {
+    if (!stream_sync_.has_value()) {
+      stream_sync_ = ffi::Function::GetGlobalRequired("runtime.Device_StreamSync");
+    }
+    (*stream_sync_)(plan_.sync_device, static_cast<int64_t>(0));
+  }
+
   /*! \brief Device → host through the TVM runtime (the same function Tensor.numpy() uses). */
   void CopyFromDevice(const DLTensor& tensor, char* dst, int64_t nbytes) {
     if (!copy_to_bytes_.has_value()) {
@@ -456,6 +503,10 @@ class Session {
   }
 
   void EmitUntracked(int index, const Site& site, const TVMFFIAny* args, int num_args) {
+    if (!on_event_.has_value()) {  // no callback (a client over RPC): keep copies to fetch later
+      KeepUntracked(index, site, args, num_args);
+      return;
+    }
     std::vector<ffi::AnyView> call(2 + site.num_untracked);
     call[0] = 0;
     call[1] = index;
@@ -466,6 +517,29 @@ class Session {
       call[2 + i] = reinterpret_cast<const ffi::AnyView*>(args)[j];
     }
     CallBack(call);
+  }
+
+  /*! \brief Copy the untracked inputs of call site `index` to new host tensors (see Kept). */
+  void KeepUntracked(int index, const Site& site, const TVMFFIAny* args, int num_args) {
+    for (int32_t i = 0; i < site.num_untracked; ++i) {
+      int j = plan_.untracked[site.first_untracked + i];
+      if (j >= num_args) Fail("argument " + std::to_string(j) + " of call site " +
+                              std::to_string(index) + " is missing");
+      const DLTensor* tensor = AsTensor(args[j]);
+      if (tensor == nullptr) Fail("argument " + std::to_string(j) + " of call site " +
+                                  std::to_string(index) + " is not a tensor");
+      if (!ffi::IsContiguous(*tensor)) Fail("argument " + std::to_string(j) + " of call site " +
+                                            std::to_string(index) + " is not contiguous");
+      ffi::Tensor copy = HostTensorLike(*tensor);
+      int64_t nbytes = static_cast<int64_t>(ffi::GetDataSize(*tensor));
+      const char* src = static_cast<const char*>(tensor->data) + tensor->byte_offset;
+      if (tensor->device.device_type == kDLCPU) {
+        std::memcpy(copy.data_ptr(), src, nbytes);
+      } else {
+        CopyFromDevice(*tensor, static_cast<char*>(copy.data_ptr()), nbytes);
+      }
+      kept_[{index, j}] = copy;
+    }
   }
 
   void CallBack(const std::vector<ffi::AnyView>& call) {
@@ -510,7 +584,8 @@ class Session {
   std::string error_;
   Clock::time_point t0_, t_call_, last_signal_check_;
   ffi::Optional<ffi::Function> on_event_;
-  std::optional<ffi::Function> copy_to_bytes_;
+  std::optional<ffi::Function> copy_to_bytes_, stream_sync_;
+  std::map<std::pair<int64_t, int64_t>, ffi::Tensor> kept_;  // (site, position) → copy
   std::vector<ffi::Tensor> pool_;
   ffi::Tensor arena_;
   char* arena_data_ = nullptr;
@@ -568,6 +643,14 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   def("tvm_probe.capture.instrument", Function::FromTyped(MakeInstrument));
   def("tvm_probe.capture.buffers",
       Function::FromTyped([session](int64_t id) { return session(id)->Buffers(); }));
+  def("tvm_probe.capture.times",
+      Function::FromTyped([session](int64_t id) { return session(id)->Times(); }));
+  def("tvm_probe.capture.stats",
+      Function::FromTyped([session](int64_t id) { return session(id)->Stats(); }));
+  def("tvm_probe.capture.kept",
+      Function::FromTyped([session](int64_t id, int64_t site, int64_t position) {
+        return session(id)->Kept(site, position);
+      }));
   def("tvm_probe.capture.begin",
       Function::FromTyped([session](int64_t id, int64_t arena_address,
                                     ffi::Optional<Function> on_event) {
