@@ -29,6 +29,22 @@ Two instruments implement this call tree and give byte-identical captures:
 Kernel calls are matched to call sites by ``(symbol, occurrence)``, counted the same way as in
 :mod:`tvm_probe.kernel_map`; a run that does not call exactly the expected sites raises
 :class:`~tvm_probe.errors.TVMBehaviourChanged`.
+
+**Devices.**  On a GPU (any device but the CPU) kernel launches are asynchronous, so both
+instruments synchronize the device before and after every kernel call: per-call times are
+device times measured by the host clock around a device sync (the sync adds a few microseconds
+a call; the model's own run is longer by as much).  Each captured output is copied device → host
+once, right after its call, into host memory (the Python instrument: ``Tensor.numpy()``; the
+native one: TVM's ``TVMTensorCopyToBytes`` into the arena), with no pinned staging buffers:
+whether reused pinned buffers are faster has not been measured.  The native instrument is used
+on GPUs only when asked for (``TVM_PROBE_INSTRUMENT=native``) until ``bench/gpu_check.py`` has
+shown it byte-identical to the Python one there.  Without a device the executable still builds
+and the probe maps it; the VM is made at the first run, which then fails in one line.
+
+**Remote devices** (``remote=``, see :mod:`tvm_probe.remote`): the VM runs in a TVM RPC server's
+process and is instrumented by name with a session of the native instrument loaded there; after
+the run the client downloads the session's times, stats and arena.  Nothing else changes: the
+same plans, the same Capture, byte for byte.
 """
 from __future__ import annotations
 
@@ -58,6 +74,7 @@ INSTRUMENT_ENV = "TVM_PROBE_INSTRUMENT"
 _CHOICES = ("auto", NATIVE, PYTHON)
 _MAX_PLANS = 16  # native plans kept per executor (one per distinct CapturePlan)
 _DL_CPU = 1  # DLPack's kDLCPU
+_RPC_SESS_MASK = 128  # tvm.rpc.base.RPC_SESS_MASK: added to the device type of a remote device
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,9 @@ class Capture:
     Attributes:
         instrument: which instrument ran, ``"native"`` or ``"python"``.
         copied_bytes: bytes of node outputs the native instrument copied during the run.
+        total_us: wall time of the executable's ``main`` (on a GPU, until the device finished).
+        input_us, output_us: time to move each model input to the device and each model output
+            back (host memory copies on the CPU; transfers over the network to a remote device).
     """
 
     inputs: list[np.ndarray]
@@ -89,12 +109,19 @@ class Capture:
     total_us: float = 0.0
     instrument: str = PYTHON
     copied_bytes: int = 0
+    input_us: list[float] = field(default_factory=list)
+    output_us: list[float] = field(default_factory=list)
 
 
-def _to_numpy_list(value) -> list[np.ndarray]:
+def _flatten(value) -> list:
     if hasattr(value, "numpy"):
-        return [value.numpy()]
-    return [a for item in value for a in _to_numpy_list(item)]
+        return [value]
+    return [a for item in value for a in _flatten(item)]
+
+
+def _device_type(device) -> int:
+    """DLPack device type of ``device``, without the mask a device of an RPC session carries."""
+    return device.dlpack_device_type() % _RPC_SESS_MASK
 
 
 class DebugExecutor:
@@ -108,44 +135,54 @@ class DebugExecutor:
         instrument: ``"auto"``, ``"native"`` or ``"python"``; defaults to ``$TVM_PROBE_INSTRUMENT``
             or ``"auto"`` (native when it can be built here, else Python).
         sources: the model's SourceMap, to name the ops of a kernel that fails while running.
+        remote: run on a remote device over TVM RPC (anything :func:`tvm_probe.remote.connect`
+            takes); the executable is uploaded now.
+        sync: synchronize the device around every kernel call (device times); defaults to True
+            on any device but the CPU.
     """
 
-    def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None, sources=None):
-        from tvm import relax
-
+    def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None, sources=None,
+                 remote=None, sync: bool | None = None):
         self.kernel_map = self._km = kernel_map
         self.sources = sources
-        self._device = built.device
-        self.vm = relax.VirtualMachine(built.executable, self._device)
-        self._main = self.vm["main"]
+        self._built = built
+        self.remote = None
+        if remote is not None:
+            from .remote import RemoteRuntime
+
+            self.remote = RemoteRuntime(built, remote)
+        self._device = self.remote.device if self.remote is not None else built.device
+        self.sync = _device_type(self._device) != _DL_CPU if sync is None else bool(sync)
+        self._vm = None  # made at the first run: building for a GPU needs no GPU, running does
         self._installed = None  # the instrument the VM holds now
         self.instrument, self.fallback_reason = PYTHON, None
         self._native: _NativeExecutor | None = None
-        self._choose(instrument or os.environ.get(INSTRUMENT_ENV) or "auto", explicit=instrument is not None)
+        choice = instrument or os.environ.get(INSTRUMENT_ENV) or "auto"
+        if self.remote is not None:
+            self._choose_remote(choice, explicit=instrument is not None)
+        else:
+            self._choose(choice, explicit=instrument is not None)
 
     def _choose(self, choice: str, explicit: bool) -> None:
         """Set up the instrument ``choice`` names; on "auto", say why when it is not native."""
-        if choice not in _CHOICES:
-            raise ProbeError(f"instrument must be one of {', '.join(_CHOICES)}, got {choice!r} "
-                             f"(from {'the argument' if explicit else INSTRUMENT_ENV})")
+        self._check_choice(choice, explicit)
         if choice == PYTHON:
             return
-        if self._km.helper_symbols or any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes
-                                          for d in shape):
-            # symbolic shapes: outputs change size from run to run, and lowering adds kernels
-            # (shape functions) the native plan does not know
-            self.fallback_reason = "the model has symbolic shapes: the native instrument needs static ones"
+        reason = self._native_impossible()
+        if reason:
+            self.fallback_reason = reason
             if choice == NATIVE:
                 raise ProbeError(f"the native instrument is unavailable: {self.fallback_reason}")
             return
-        if choice == "auto" and self._device.dlpack_device_type() != _DL_CPU:
+        if choice == "auto" and _device_type(self._device) != _DL_CPU:
             # the native device-to-host copy (TVM's TVMTensorCopyToBytes, as Tensor.numpy()
-            # uses) has not been checked on a GPU yet: opt in with TVM_PROBE_INSTRUMENT=native
-            self.fallback_reason = (f"the native instrument is used on {self._device.device_name} only when "
+            # uses) and sync have not been checked on a GPU yet (bench/gpu_check.py does):
+            # opt in with TVM_PROBE_INSTRUMENT=native
+            self.fallback_reason = (f"the native instrument is used on {self._device_kind()} only when "
                                     f"{INSTRUMENT_ENV}=native")
             return
         try:
-            self._native = _NativeExecutor(self._km)
+            self._native = _NativeExecutor(self._km, sync_device=self._sync_device())
         except NativeUnavailable as err:
             if choice == NATIVE:
                 raise ProbeError(f"the native instrument is unavailable: {err}; set {INSTRUMENT_ENV}="
@@ -155,10 +192,82 @@ class DebugExecutor:
             return
         self.instrument = NATIVE
 
-    def to_device(self, arrays: list[np.ndarray]):
+    @staticmethod
+    def _check_choice(choice: str, explicit: bool) -> None:
+        if choice not in _CHOICES:
+            raise ProbeError(f"instrument must be one of {', '.join(_CHOICES)}, got {choice!r} "
+                             f"(from {'the argument' if explicit else INSTRUMENT_ENV})")
+
+    def _native_impossible(self) -> str | None:
+        """Why this model cannot be captured by the native instrument (None: it can)."""
+        if self._km.helper_symbols or any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes
+                                          for d in shape):
+            # symbolic shapes: outputs change size from run to run, and lowering adds kernels
+            # (shape functions) the native plan does not know
+            return "the model has symbolic shapes: the native instrument needs static ones"
+        return None
+
+    def _choose_remote(self, choice: str, explicit: bool) -> None:
+        """A remote VM can only be instrumented by the native instrument in the server's process."""
+        self._check_choice(choice, explicit)
+        where = self.remote.where
+        if choice == PYTHON:
+            raise ProbeError(f"a Python instrument cannot run on the remote device at {where} (TVM RPC cannot "
+                             f"call back into this process): unset {INSTRUMENT_ENV} to use the native one")
+        reason = self._native_impossible()
+        if reason:
+            raise ProbeError(f"cannot capture on the remote device at {where}: {reason}")
+        self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
+        self.instrument = NATIVE
+
+    def _device_kind(self) -> str:
+        return str(self._built.target.kind.name).upper()
+
+    def _sync_device(self) -> tuple[int, int] | None:
+        """``(DLPack type, index)`` of the device the native instrument syncs, or None."""
+        return (_device_type(self._device), self._device.index) if self.sync else None
+
+    @property
+    def vm(self):
+        """The Relax VM (made on first use; the remote one when running remotely)."""
+        if self.remote is not None:
+            return self.remote.vm
+        if self._vm is None:
+            self._vm = self._make_vm()
+        return self._vm
+
+    def _make_vm(self):
+        from tvm import relax
+
+        from .errors import TVMRunError
+
+        if not self._device.exist:
+            raise TVMRunError(f"no {self._device_kind()} device here ({self._device} does not exist): the model "
+                              f"was built for {self._device_kind()}; run it on a machine that has one, or on a "
+                              "remote device with remote=...")
+        return relax.VirtualMachine(self._built.executable, self._device)
+
+    def to_device(self, arrays: list[np.ndarray], times: list[float] | None = None):
+        """``arrays`` on the executor's device (``times`` gets the microseconds each took)."""
         import tvm
 
-        return [tvm.runtime.tensor(a, self._device) for a in arrays]
+        tensors = []
+        for a in arrays:
+            t0 = time.perf_counter()
+            tensors.append(self.remote.to_device(a) if self.remote is not None else tvm.runtime.tensor(a, self._device))
+            if times is not None:
+                times.append((time.perf_counter() - t0) * 1e6)
+        return tensors
+
+    def recomputer(self):
+        """What recomputes values kept inside fused kernels: on this executor's device."""
+        if self.remote is not None:
+            from .remote import RemoteRecomputer
+
+            return RemoteRecomputer(self._built.target, self.remote)
+        from .recompute import Recomputer
+
+        return Recomputer(self._built.target)
 
     def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None) -> Capture:
         """Run once with the instrument; return what ``plan`` asked to copy.
@@ -169,35 +278,74 @@ class DebugExecutor:
         Raises:
             TVMRunError: the VM raised; the error names the kernel call it was running and its
                 source ops (``err.failure``), with TVM's message.
+            RemoteError: the remote device was lost (a TVMRunError: nothing of the run is kept).
         """
+        self._prepare()
         capture = Capture(inputs=inputs, instrument=self.instrument)
-        device_inputs = self.to_device(inputs)
         if self._native is not None:
             calls = self._native.calls(self, plan, capture, sink)
         else:
             calls = _Calls(self, capture, plan, sink)
-        t0 = time.perf_counter()
         try:
+            device_inputs = self.to_device(inputs, capture.input_us)
             with calls:
-                result = self._main(*device_inputs)
+                t0 = time.perf_counter()
+                result = self.remote.call(device_inputs) if self.remote is not None else self._main(*device_inputs)
+                if self.sync:
+                    self._device.sync()
+                capture.total_us = (time.perf_counter() - t0) * 1e6
+            capture.result = self._fetch_outputs(result, capture.output_us)
+            calls.fetch()
         except Exception as err:
-            # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
-            # into a bare RuntimeError: re-raise the original.
-            calls.reraise()
-            site, certain = calls.running_site()
-            error = run_failure(err, self._km, site, self.sources, finished=not certain)
-            log_details(error)
-            raise error from None
-        capture.total_us = (time.perf_counter() - t0) * 1e6
-        capture.result = _to_numpy_list(result)
+            self._raise_failure(err, calls)
         calls.finish()
         return capture
 
+    def _prepare(self) -> None:
+        """The VM is ready: made (first run), or reconnected after a lost remote run."""
+        if self.remote is not None and self.remote.lost:
+            self.remote.reconnect()
+            self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
+            self._installed = None
+        if self.remote is None and self._vm is None:
+            self._vm = self._make_vm()
+            self._main = self._vm["main"]
+
+    @staticmethod
+    def _fetch_outputs(result, times: list[float]) -> list[np.ndarray]:
+        """The model outputs as numpy arrays (copied from the device), timing each."""
+        arrays = []
+        for tensor in _flatten(result):
+            t0 = time.perf_counter()
+            arrays.append(tensor.numpy())
+            times.append((time.perf_counter() - t0) * 1e6)
+        return arrays
+
+    def _raise_failure(self, err: Exception, calls) -> None:
+        """Raise the one-line error for a run that raised ``err``."""
+        if self.remote is not None:
+            lost = self.remote.failure(err)
+            if lost is not None:
+                raise lost from None
+        # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
+        # into a bare RuntimeError: re-raise the original.
+        calls.reraise()
+        if isinstance(err, ProbeError):  # ours already (a remote download that failed): one line
+            raise err from None
+        site, certain = calls.running_site()
+        error = run_failure(err, self._km, site, self.sources, finished=not certain)
+        log_details(error)
+        raise error from None
+
     def install(self, instrument, key=None) -> None:
-        """Give the VM ``instrument``, unless it holds the one named ``key`` already (a ``key``
-        of None always installs: the Python hook is new each run)."""
+        """Give the VM ``instrument`` (a function, or ``(factory name, *args)`` to have the VM's
+        own process make it), unless it holds the one named ``key`` already (a ``key`` of None
+        always installs: the Python hook is new each run)."""
         if key is None or self._installed != key:
-            self.vm.set_instrument(instrument)
+            if isinstance(instrument, tuple):
+                self.vm.module["set_instrument"](*instrument)
+            else:
+                self.vm.set_instrument(instrument)
             self._installed = key
 
 
@@ -231,6 +379,7 @@ class _Calls:
         self.km = km
         self.seen: dict[str, int] = dict.fromkeys(self.sites_of, 0)
         self.called: set[int] = set()
+        self.sync = executor._device.sync if executor.sync else None  # device times: see the module doc
         self.t_start = time.perf_counter()
         self.t_call = 0.0
         self.unexpected: list[str] = []
@@ -249,6 +398,7 @@ class _Calls:
         self.executor.install(self.guarded_hook)
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        self.t_start = time.perf_counter()
         return self
 
     def _on_sigint(self, *_args) -> None:
@@ -264,6 +414,9 @@ class _Calls:
     def reraise(self) -> None:
         if self.failure is not None:
             raise self.failure from None
+
+    def fetch(self) -> None:
+        """Nothing to bring back: the hook stored every copy during the run."""
 
     def running_site(self) -> tuple[int | None, bool]:
         """The call site the VM was running when it raised, and True: the hook knows it."""
@@ -295,8 +448,12 @@ class _Calls:
                 self.capture.untracked_inputs[site.index] = {
                     j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
             self.running = site.index
+            if self.sync is not None:
+                self.sync()  # what was launched before is not this call's time
             self.t_call = time.perf_counter()
             return 0
+        if self.sync is not None:
+            self.sync()  # the kernel itself, not its launch
         t_end = time.perf_counter()
         self.running = None
         occurrence = self.seen[symbol] - 1
@@ -319,18 +476,29 @@ class _Calls:
 
 # ------------------------------------------------------------------------------------- native
 class _NativeExecutor:
-    """The native instrument for one kernel map: plans per CapturePlan, sessions kept warm."""
+    """The native instrument for one kernel map: plans per CapturePlan, sessions kept warm.
 
-    def __init__(self, km: KernelMap):
-        self._lib = native.load()
+    Args:
+        km: the kernel map.
+        library: where sessions are opened: this process (default) or a remote server
+            (:class:`tvm_probe.remote.RemoteLibrary`).
+        sync_device: ``(DLPack type, index)`` of a device to sync around every kernel call.
+    """
+
+    def __init__(self, km: KernelMap, library=None, sync_device: tuple[int, int] | None = None):
+        self._lib = library if library is not None else native.load()
         self._km = km
+        self._sync_device = sync_device
         # every output dtype must have a byte-exact numpy form, or no plan could copy it
         self._dtypes = {d: native.numpy_dtype(d) for s in km.sites for d in s.out_dtypes}
         self._plans: dict[tuple[CapturePlan, bool], _NativePlan] = {}
         self._plan(CapturePlan(), streaming=False)  # fail here, not in the first run
 
     def calls(self, executor: DebugExecutor, plan: CapturePlan, capture: Capture, sink) -> "_NativeCalls":
-        return _NativeCalls(executor, self._plan(plan, sink is not None), capture, sink)
+        # a library that cannot call back (remote) copies into its arena; the sink gets the
+        # copies once they are downloaded
+        streaming = sink is not None and self._lib.can_call_back
+        return _NativeCalls(executor, self._plan(plan, streaming), capture, sink)
 
     def _plan(self, plan: CapturePlan, streaming: bool) -> "_NativePlan":
         key = (plan, streaming)
@@ -338,7 +506,8 @@ class _NativeExecutor:
         if prepared is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))  # the oldest; its session closes
-            prepared = self._plans[key] = _NativePlan(self._lib, self._km, plan, streaming, self._dtypes)
+            prepared = self._plans[key] = _NativePlan(self._lib, self._km, plan, streaming, self._dtypes,
+                                                      self._sync_device)
         return prepared
 
 
@@ -347,7 +516,8 @@ class _NativePlan:
 
     _POOL = 2  # arenas kept: the one the last run's Capture holds, and one to fill
 
-    def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict):
+    def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict,
+                 sync_device: tuple[int, int] | None = None):
         sites, offset = [], 0
         self.slots: dict[int, tuple] = {}           # site → arena slots of its outputs
         self.untracked: dict[int, tuple[int, ...]] = {}
@@ -362,8 +532,10 @@ class _NativePlan:
                 self.untracked[s.index] = tuple(j for j, a in enumerate(s.args) if a.kind == ArgKind.UNTRACKED)
             sites.append(native.NativeSite(s.symbol, s.is_view, s.num_inputs, action,
                                            self.untracked.get(s.index, ()), tuple(slots)))
-        self.session = lib.open(native.encode_plan(sites, offset))
+        self.session = lib.open(native.encode_plan(sites, offset, sync_device=sync_device))
         self.instrument = self.session.instrument()
+        self.own_arena = not lib.can_call_back  # remote: the session's own arena, downloaded
+        self.callbacks = lib.can_call_back
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
         self.copied_sites = sorted(self.slots)
@@ -374,8 +546,9 @@ class _NativePlan:
     def arena(self) -> tuple[np.ndarray | None, int]:
         """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
         nothing anyone can read), and its address; a new one when all are held.  Reused memory
-        is already paged in, which is what lets copies run at memcpy speed."""
-        if not self.arena_bytes:
+        is already paged in, which is what lets copies run at memcpy speed.  (None, 0) when
+        nothing is copied, or when the session copies into an arena of its own (remote)."""
+        if not self.arena_bytes or self.own_arena:
             return None, 0
         for i in range(len(self._arenas)):
             if _references(self._arenas[i]) == self._free_refs[i]:

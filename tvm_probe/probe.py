@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -21,22 +20,11 @@ from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from .recompute import Recomputer, evaluate_folded
 from .results import NodeInfo, Results
-from .sources import Kind, Served
+from .sources import Served
 
 log = logging.getLogger(__name__)
 
 CaptureSpec = Union[str, Sequence[str], None]
-
-
-@dataclass(frozen=True)
-class DumpOptions:
-    """Options of :meth:`Probe.dump` and of ``Probe.run(..., stream_to=...)`` (see dump)."""
-
-    overwrite: bool = False
-    include_weights: bool = False
-    recomputed: bool = True
-    timings: bool = True
-    metadata: dict | None = None
 
 
 class Probe(Results):
@@ -237,7 +225,9 @@ class Probe(Results):
         arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
         plan, wanted = self._plan(capture)
         if stream_to is not None:
-            self._run_streaming(arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
+            from .store.assemble import DumpOptions, run_streaming
+
+            run_streaming(self, arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
         elif dump_options:
             raise TypeError(f"run() got dump options {sorted(dump_options)} without stream_to")
         else:
@@ -395,99 +385,13 @@ class Probe(Results):
                 that differs between runs of the same model, inputs and pipeline.
             metadata: JSON-friendly data to keep with the dump (e.g. where the model came from).
         """
-        from .store.dump import write_dump
+        from .store.assemble import DumpOptions, dump_probe
 
-        opts = DumpOptions(**options)
-        capture = self._require_run()
-        outputs = {i: [a] for i, a in enumerate(capture.inputs)}
-        outputs.update({self.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
-        keys = self._dump_value_keys(opts)
-        content = self._dump_content(outputs, dict(self._dump_values(keys)), opts)
-        return write_dump(Path(path), content, overwrite=opts.overwrite)
+        return dump_probe(self, path, DumpOptions(**options))
 
-    def _run_streaming(self, arrays, plan: CapturePlan, wanted, path: Path, opts: "DumpOptions") -> None:
-        """One run whose copies go straight into a dump at ``path`` (see :meth:`run`)."""
-        from .store.dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
-
-        n_in = self.num_input_nodes
-        counts = {i: 1 for i in range(n_in)}
-        counts.update({n_in + s.index: s.num_outputs for s in self.kernel_map.sites if plan.wants_output(s.index)})
-        with DumpWriter(path, self._device_label(), opts.overwrite) as writer:
-            writer.open_tensors(node_tensor_names(self.node_infos, counts))
-            for i, array in enumerate(arrays):
-                writer.write_tensor(tensor_key(self.node_infos[i].name, i, 0), array)
-
-            def sink(site: int, outs) -> None:
-                node = n_in + site
-                for j, out in enumerate(outs):
-                    writer.write_tensor(tensor_key(self.node_infos[node].name, node, j), out)
-
-            capture = self._executor.run(arrays, plan, sink=sink)
-            capture.outputs = StreamedOutputs(writer.close_tensors(), self.node_infos, n_in)
-            self._accept(capture, wanted)
-            keys = self._dump_value_keys(opts)
-            writer.finish(self._dump_content({}, {}, opts, value_keys=keys), self._dump_values(keys, cache=False))
-            writer.commit()
-
-    def _dump_content(self, outputs, values, opts: "DumpOptions", value_keys=None):
-        from .store.dump import DumpContent
-
-        capture = self._require_run()
-        return DumpContent(
-            sources=self.imported.sources, nodes=self.node_infos, node_outputs=outputs, values=values,
-            device=self._device_label(), model_hash=self.imported.model_hash,
-            target=str(self.built.target), pipeline=self.built.pipeline,
-            total_us=capture.total_us if opts.timings else None, timings=opts.timings,
-            metadata={**(opts.metadata or {}),
-                      **({"capture": sorted(self._wanted)} if self._wanted is not None else {})},
-            import_fixes=[f.to_record() for f in self.import_fixes],
-            compile_warnings=[w.to_record() for w in self.compile_warnings],
-            value_keys=list(value_keys if value_keys is not None else values))
-
-    def _dump_value_keys(self, opts: "DumpOptions") -> list[str]:
-        """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
-        keys = []
-        for value in self.imported.sources:
-            if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN):
-                continue  # node outputs are stored once, as such; nothing to store for the rest
-            if value.kind is Kind.PARAM and not opts.include_weights:
-                continue
-            if value.served is Served.RECOMPUTED and not opts.recomputed:
-                continue
-            if value.served in (Served.RECOMPUTED, Served.FOLDED) and self._wanted is not None \
-                    and value.key not in self._wanted:
-                continue
-            if value.served is Served.RECOMPUTED and not self._site_inputs_captured(
-                    self.kernel_map.sites[self.kernel_map.site_of(value.key)]):
-                continue
-            keys.append(value.key)
-        sources = self.imported.sources
-        return sorted(keys, key=lambda k: self.kernel_map.site_of(k)
-                      if sources[k].served is Served.RECOMPUTED else -1)
-
-    def _dump_values(self, keys, cache: bool = True):
-        """``(key, value)`` in ``keys`` order, recomputing one fused site at a time.
-
-        With ``cache=False`` (streaming) only the current site's values are held in memory.
-        """
-        current, held = None, {}
-        for key in keys:
-            recomputed = self.imported.sources[key].served is Served.RECOMPUTED
-            if cache or not recomputed:
-                yield key, self._value(key)
-                continue
-            site = self.kernel_map.site_of(key)
-            if site != current:
-                current, held = site, self._recompute(self.kernel_map.sites[site], key)
-            yield key, held[key]
-
-    def _site_inputs_captured(self, site) -> bool:
-        capture = self._require_run()
-        held = capture.untracked_inputs.get(site.index, {})
-        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
-                   for j, a in enumerate(site.args))
-
-    def _device_label(self) -> str:
+    @property
+    def device_label(self) -> str:
+        """How dumps name the device: ``CPU_0``, ``CUDA_0``..."""
         kind = self.built.target.kind.name
         return {"llvm": "CPU", "c": "CPU"}.get(kind, kind.upper()) + "_0"
 

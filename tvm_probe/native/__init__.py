@@ -127,6 +127,8 @@ def _load() -> "NativeLibrary":
 class NativeLibrary:
     """The ``tvm_probe.capture.*`` global functions of the loaded library."""
 
+    can_call_back = True  # sessions in this process can call Python back (on_event)
+
     def __init__(self, tvm_ffi):
         prefix = "tvm_probe.capture."
         for name in ("open", "instrument", "buffers", "begin", "end", "unexpected", "error", "arena",

@@ -1,0 +1,137 @@
+"""What a dump of a probe's run holds, and a run that streams into a dump as it goes.
+
+The dump *format* is :mod:`tvm_probe.store.dump`'s; this module decides the content from a live
+:class:`~tvm_probe.Probe`: node outputs as captured, and the source values that are not node
+outputs (recomputed, folded, constants, symbolic sizes), recomputed one fused call site at a
+time so that streaming holds at most one site's values in memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..kernel_map import ArgKind
+from ..sources import Kind, Served
+
+# stored as node outputs, or nothing to store
+_NOT_VALUES = (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    """Options of :meth:`Probe.dump` and of ``Probe.run(..., stream_to=...)``.
+
+    Attributes:
+        overwrite: replace an existing folder (refused by default).
+        include_weights: store the weights too (left out by default: they are the model's).
+        recomputed: store the values kept inside fused kernels (default True).
+        timings: store per-kernel times (default True): the one part of a dump that differs
+            between runs of the same model, inputs and pipeline.
+        metadata: JSON-friendly data to keep with the dump (e.g. where the model came from).
+    """
+
+    overwrite: bool = False
+    include_weights: bool = False
+    recomputed: bool = True
+    timings: bool = True
+    metadata: dict | None = None
+
+
+def dump_probe(probe, path: Path, opts: DumpOptions) -> Path:
+    """Write ``probe``'s last run to ``path`` (see :meth:`Probe.dump`)."""
+    from .dump import write_dump
+
+    capture = probe._require_run()
+    outputs = {i: [a] for i, a in enumerate(capture.inputs)}
+    outputs.update({probe.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
+    keys = value_keys(probe, opts)
+    content = dump_content(probe, outputs, dict(values(probe, keys)), opts)
+    return write_dump(Path(path), content, overwrite=opts.overwrite)
+
+
+def run_streaming(probe, arrays, plan, wanted, path: Path, opts: DumpOptions):
+    """One run whose copies go straight into a dump at ``path``; returns the Capture."""
+    from .dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
+
+    n_in, nodes = probe.num_input_nodes, probe.node_infos
+    counts = {i: 1 for i in range(n_in)}
+    counts.update({n_in + s.index: s.num_outputs for s in probe.kernel_map.sites if plan.wants_output(s.index)})
+    with DumpWriter(path, probe.device_label, opts.overwrite) as writer:
+        writer.open_tensors(node_tensor_names(nodes, counts))
+        for i, array in enumerate(arrays):
+            writer.write_tensor(tensor_key(nodes[i].name, i, 0), array)
+
+        def sink(site: int, outs) -> None:
+            node = n_in + site
+            for j, out in enumerate(outs):
+                writer.write_tensor(tensor_key(nodes[node].name, node, j), out)
+
+        capture = probe._executor.run(arrays, plan, sink=sink)
+        capture.outputs = StreamedOutputs(writer.close_tensors(), nodes, n_in)
+        probe._accept(capture, wanted)
+        keys = value_keys(probe, opts)
+        writer.finish(dump_content(probe, {}, {}, opts, keys), values(probe, keys, cache=False))
+        writer.commit()
+    return capture
+
+
+def dump_content(probe, outputs, held_values, opts: DumpOptions, keys=None):
+    """The :class:`~tvm_probe.store.dump.DumpContent` of ``probe``'s last run."""
+    from .dump import DumpContent
+
+    capture = probe._require_run()
+    wanted = probe.captured_keys
+    return DumpContent(
+        sources=probe.sources_map, nodes=probe.node_infos, node_outputs=outputs, values=held_values,
+        device=probe.device_label, model_hash=probe.model_hash,
+        target=str(probe.built.target), pipeline=probe.built.pipeline,
+        total_us=capture.total_us if opts.timings else None, timings=opts.timings,
+        metadata={**(opts.metadata or {}), **({"capture": sorted(wanted)} if wanted is not None else {})},
+        import_fixes=[f.to_record() for f in probe.import_fixes],
+        compile_warnings=[w.to_record() for w in probe.compile_warnings],
+        value_keys=list(keys if keys is not None else held_values))
+
+
+def value_keys(probe, opts: DumpOptions) -> list[str]:
+    """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
+    kmap, wanted = probe.kernel_map, probe.captured_keys
+    keys = []
+    for value in probe.sources_map:
+        if value.served in _NOT_VALUES:
+            continue
+        if value.kind is Kind.PARAM and not opts.include_weights:
+            continue
+        if value.served is Served.RECOMPUTED and not opts.recomputed:
+            continue
+        if value.served in (Served.RECOMPUTED, Served.FOLDED) and wanted is not None and value.key not in wanted:
+            continue
+        if value.served is Served.RECOMPUTED and not _inputs_captured(probe, kmap.sites[kmap.site_of(value.key)]):
+            continue
+        keys.append(value.key)
+    sources = probe.sources_map
+    return sorted(keys, key=lambda k: kmap.site_of(k) if sources[k].served is Served.RECOMPUTED else -1)
+
+
+def values(probe, keys, cache: bool = True):
+    """``(key, value)`` in ``keys`` order, recomputing one fused site at a time.
+
+    With ``cache=False`` (streaming) only the current site's values are held in memory.
+    """
+    kmap = probe.kernel_map
+    current, held = None, {}
+    for key in keys:
+        if cache or probe.sources_map[key].served is not Served.RECOMPUTED:
+            yield key, probe.get_tensor(key)
+            continue
+        site = kmap.site_of(key)
+        if site != current:
+            current, held = site, probe._recompute(kmap.sites[site], key)
+        yield key, held[key]
+
+
+def _inputs_captured(probe, site) -> bool:
+    """Whether the last run kept every input of ``site`` (so what it keeps inside can be recomputed)."""
+    capture = probe._require_run()
+    held = capture.untracked_inputs.get(site.index, {})
+    return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
+               for j, a in enumerate(site.args))
