@@ -1,4 +1,4 @@
-"""Run the kernel-map fuzzer on many graphs and write how many passed to bench/fuzz_results.md.
+"""Run the kernel-map fuzzer on many graphs and add how many passed to bench/fuzz_results.md.
 
     python bench/fuzz.py --graphs 5000 [--start 0] [--max-ops 10]
 
@@ -61,10 +61,11 @@ def main(argv=None) -> int:
                f"(seeds {args.start}..{args.start + args.graphs - 1}, max {args.max_ops} op groups, "
                f"{seconds:.0f} s)")
     print(summary)
-    lines = ["# Kernel-map fuzzer results", "", f"Run on {date.today()} with `python bench/fuzz.py "
-             f"--graphs {args.graphs} --start {args.start} --max-ops {args.max_ops}`:", "", summary, ""]
+    earlier = args.out.read_text() if args.out.exists() else "# Kernel-map fuzzer results\n\n"
+    lines = [f"Run on {date.today()} with `python bench/fuzz.py --graphs {args.graphs} --start {args.start} "
+             f"--max-ops {args.max_ops}`:", "", summary, ""]
     lines += [f"- seed {s}: {'; '.join(p[:3])}" for s, p in failed.items()]
-    args.out.write_text("\n".join(lines) + "\n")
+    args.out.write_text(earlier.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")  # earlier runs are kept
     return 1 if failed else 0
 
 
