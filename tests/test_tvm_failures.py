@@ -12,6 +12,7 @@ Every case is a real model that real TVM 0.27 fails on or warns about:
 from __future__ import annotations
 
 import gc
+import html
 import re
 from pathlib import Path
 
@@ -357,3 +358,22 @@ def test_tvm_native_log_never_follows_a_one_line_error(capfd):
     del err
     gc.collect()
     assert capfd.readouterr().err == ""
+
+
+def test_warnings_reach_the_report_and_survive_a_dump(tmp_path):
+    from tvm_probe import Probe, load_dump
+    from tvm_probe.report import write_report
+
+    model = _pow_gather_model()
+    probe = Probe.from_onnx(model, pipeline="fused")
+    probe.run({i.name: np.ones([d.dim_value for d in i.type.tensor_type.shape.dim],
+                               dtype=np.int64 if i.type.tensor_type.elem_type == 7 else np.float32)
+               for i in model.graph.input})
+    expected = [f"TVM warns at source op 'cube' (Pow): {POW_WARNING}",
+                f"TVM warns at source op 'emb' (Gather): {GATHER_WARNING}"]
+    assert probe.findings() == expected
+    probe.dump(tmp_path / "dump")
+    reader = load_dump(tmp_path / "dump")
+    assert reader.findings() == expected
+    page = write_report(tmp_path / "rep", reader, formats=("html",))["html"].read_text()
+    assert all(html.escape(line) in page for line in expected)
