@@ -145,3 +145,17 @@ def split_model(seed=0):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [sizes])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return model, {"x": rng.normal(size=(2, 8)).astype(np.float32)}
+
+
+def chained_matmuls(layers=6, n=512, seed=0):
+    """``layers`` chained MatMuls of ``n × n`` (untuned kernels: tens of ms each), a run long
+    enough to interrupt or kill a server in the middle.  Returns ``(model, inputs)``."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32) / n, f"w{i}")
+             for i in range(layers)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"], name=f"mm{i}")
+             for i in range(layers)]
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info(f"h{layers - 1}", TensorProto.FLOAT, [n, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((n, n)).astype(np.float32)}

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
+from models import chained_matmuls
 from tvm_probe import Probe, ProbeError
 from tvm_probe.capture import INSTRUMENT_ENV, CapturePlan, DebugExecutor
 from tvm_probe.errors import TVMBehaviourChanged
@@ -275,25 +275,11 @@ def test_a_vm_can_be_instrumented_by_the_registered_factory(fused_bert_probe, be
     np.testing.assert_array_equal(arena, kept)
 
 
-def slow_model(layers=6, n=512):
-    """``layers`` chained MatMuls of ``n × n`` (untuned: tens of ms each): a run long enough to
-    interrupt in the middle."""
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32) / n, f"w{i}")
-             for i in range(layers)]
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"], name=f"mm{i}")
-             for i in range(layers)]
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
-                              [helper.make_tensor_value_info(f"h{layers - 1}", TensorProto.FLOAT, [n, n])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return model, {"x": rng.standard_normal((n, n)).astype(np.float32)}
-
-
 @needs_native
 def test_ctrl_c_stops_a_long_native_run_in_the_middle():
     """The native instrument lets Python's SIGINT handler run between kernels, so Ctrl-C does not
     wait for the end of a long run, and arrives as a KeyboardInterrupt."""
-    model, inputs = slow_model()
+    model, inputs = chained_matmuls()
     probe = Probe.from_onnx(model, pipeline="fused")
     assert probe._executor.instrument == "native"
     t0 = time.perf_counter()

@@ -84,19 +84,46 @@ def device_for(target):
     import tvm
 
     kind = str(target.kind.name)
-    return tvm.device("cpu" if kind in ("llvm", "c") else kind, 0)
+    return tvm.device({"llvm": "cpu", "c": "cpu", "nvptx": "cuda"}.get(kind, kind), 0)
 
 
 def parse_target(target) -> Any:
-    """A ``tvm.target.Target`` from a string or Target, with a clear error."""
+    """A ``tvm.target.Target`` from a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
+    options (``{"kind": "cuda", "arch": "sm_90"}``) or a Target, with a clear error.
+
+    TVM 0.27 no longer reads command-line style strings (``"cuda -arch=sm_90"``): one is refused
+    with the JSON form that says the same.
+    """
     import tvm
 
     if isinstance(target, tvm.target.Target):
         return target
+    if isinstance(target, str) and _cli_style(target):
+        raise PipelineError(f"target {target!r}: TVM 0.27 takes a target with options in JSON form, not as a "
+                            f"command line: use {_as_json(target)} (a dict in Python, a quoted string in YAML)")
     try:
         return tvm.target.Target(target)
     except Exception as err:
-        raise PipelineError(f"target {target!r} is not a TVM target ({one_line(err)}): try 'llvm' or 'cuda'") from None
+        raise PipelineError(f"target {target!r} is not a TVM target ({one_line(err)}): try 'llvm', 'cuda' or "
+                            "a JSON form such as {\"kind\": \"cuda\", \"arch\": \"sm_90\"}") from None
+
+
+def _cli_style(text: str) -> bool:
+    """``"cuda -arch=sm_90"``: a kind followed by ``-option`` words."""
+    words = text.split()
+    return not text.lstrip().startswith("{") and len(words) > 1 and all(w.startswith("-") for w in words[1:])
+
+
+def _as_json(text: str) -> str:
+    """The JSON target equivalent to a command-line style one (numbers as numbers, bare flags true)."""
+    import json
+
+    kind, *options = text.split()
+    target: dict = {"kind": kind}
+    for option in options:
+        key, eq, value = option.lstrip("-").partition("=")
+        target[key] = (int(value) if value.lstrip("-").isdigit() else value) if eq else True
+    return json.dumps(target)
 
 
 def resolve_pipeline(pipeline: PipelineLike, target) -> tuple[Any, str]:

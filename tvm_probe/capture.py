@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ProbeError, TVMBehaviourChanged
+from .errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from .failures import log_details, run_failure
 from .kernel_map import ArgKind, KernelMap
 from . import native
@@ -88,6 +88,52 @@ class CapturePlan:
         return self.outputs is None or node in self.outputs
 
 
+class CapturePlanner:
+    """What a run must copy to serve the values it is asked for (``run(capture=...)``).
+
+    ``"all"``: every node output (and the untracked inputs of every fused site that keeps a
+    source value inside); ``None``: nothing; names or patterns: the outputs of the nodes holding
+    those values, or the inputs of the fused kernels that keep them inside.  Fixed per probe, so
+    each selection is planned once (on a 300-kernel model planning took longer than the run).
+    """
+
+    def __init__(self, kernel_map: KernelMap, names):
+        self._km, self._names = kernel_map, names
+        self._untracked_all = frozenset(s.index for s in kernel_map.sites
+                                        if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
+        self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
+
+    def plan(self, capture) -> tuple[CapturePlan, set[str] | None]:
+        """The plan, and the keys asked for (None: everything)."""
+        if capture == "all":
+            return CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
+        if capture is None:
+            return CapturePlan(outputs=frozenset()), set()
+        patterns = (capture,) if isinstance(capture, str) else tuple(capture)
+        if patterns not in self._selections:
+            self._selections[patterns] = self._select(patterns)
+        return self._selections[patterns]
+
+    def _select(self, patterns: tuple[str, ...]) -> tuple[CapturePlan, set[str]]:
+        from .kernel_map import PlaceKind
+
+        km = self._km
+        wanted = {k for p in patterns for k in self._names.match(p)}
+        outputs, untracked = set(), set()
+        for key in wanted:
+            place = km.places.get(key)
+            if place is None:
+                continue
+            if place.kind is PlaceKind.OUTPUT:
+                outputs.add(place.site)
+            elif place.kind is PlaceKind.INTERIOR:
+                site = km.sites[place.site]
+                outputs |= {a.node for a in site.args if a.kind is ArgKind.NODE}
+                if site.index in self._untracked_all:
+                    untracked.add(site.index)
+        return CapturePlan(outputs=frozenset(outputs), untracked_inputs=frozenset(untracked)), wanted
+
+
 @dataclass
 class Capture:
     """What one run produced: copied node outputs, per-node time, the model's outputs.
@@ -95,7 +141,8 @@ class Capture:
     Attributes:
         instrument: which instrument ran, ``"native"`` or ``"python"``.
         copied_bytes: bytes of node outputs the native instrument copied during the run.
-        total_us: wall time of the executable's ``main`` (on a GPU, until the device finished).
+        total_us: wall time of the executable's ``main`` (on a GPU, until the device finished; on
+            a remote device, as seen from here, RPC round trips included).
         input_us, output_us: time to move each model input to the device and each model output
             back (host memory copies on the CPU; transfers over the network to a remote device).
     """
@@ -147,9 +194,11 @@ class DebugExecutor:
         self.sources = sources
         self._built = built
         self.remote = None
+        choice = instrument or os.environ.get(INSTRUMENT_ENV) or "auto"
         if remote is not None:
             from .remote import RemoteRuntime
 
+            self._check_remote(choice, explicit=instrument is not None)  # before uploading anything
             self.remote = RemoteRuntime(built, remote)
         self._device = self.remote.device if self.remote is not None else built.device
         self.sync = _device_type(self._device) != _DL_CPU if sync is None else bool(sync)
@@ -157,9 +206,10 @@ class DebugExecutor:
         self._installed = None  # the instrument the VM holds now
         self.instrument, self.fallback_reason = PYTHON, None
         self._native: _NativeExecutor | None = None
-        choice = instrument or os.environ.get(INSTRUMENT_ENV) or "auto"
         if self.remote is not None:
-            self._choose_remote(choice, explicit=instrument is not None)
+            self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
+            self._generation = self.remote.generation  # the connection the sessions were opened on
+            self.instrument = NATIVE
         else:
             self._choose(choice, explicit=instrument is not None)
 
@@ -207,18 +257,15 @@ class DebugExecutor:
             return "the model has symbolic shapes: the native instrument needs static ones"
         return None
 
-    def _choose_remote(self, choice: str, explicit: bool) -> None:
+    def _check_remote(self, choice: str, explicit: bool) -> None:
         """A remote VM can only be instrumented by the native instrument in the server's process."""
         self._check_choice(choice, explicit)
-        where = self.remote.where
         if choice == PYTHON:
-            raise ProbeError(f"a Python instrument cannot run on the remote device at {where} (TVM RPC cannot "
-                             f"call back into this process): unset {INSTRUMENT_ENV} to use the native one")
+            raise ProbeError("a Python instrument cannot run on a remote device (TVM RPC cannot call back into "
+                             f"this process): unset {INSTRUMENT_ENV} to use the native one, loaded by the server")
         reason = self._native_impossible()
         if reason:
-            raise ProbeError(f"cannot capture on the remote device at {where}: {reason}")
-        self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
-        self.instrument = NATIVE
+            raise ProbeError(f"cannot capture on a remote device: {reason}")
 
     def _device_kind(self) -> str:
         return str(self._built.target.kind.name).upper()
@@ -239,8 +286,6 @@ class DebugExecutor:
     def _make_vm(self):
         from tvm import relax
 
-        from .errors import TVMRunError
-
         if not self._device.exist:
             raise TVMRunError(f"no {self._device_kind()} device here ({self._device} does not exist): the model "
                               f"was built for {self._device_kind()}; run it on a machine that has one, or on a "
@@ -259,15 +304,16 @@ class DebugExecutor:
                 times.append((time.perf_counter() - t0) * 1e6)
         return tensors
 
-    def recomputer(self):
-        """What recomputes values kept inside fused kernels: on this executor's device."""
+    def recomputer(self, groups=()):
+        """What recomputes values kept inside fused kernels (of ``groups``): on this executor's
+        device, local or remote."""
         if self.remote is not None:
             from .remote import RemoteRecomputer
 
-            return RemoteRecomputer(self._built.target, self.remote)
+            return RemoteRecomputer(self._built.target, self.remote, groups)
         from .recompute import Recomputer
 
-        return Recomputer(self._built.target)
+        return Recomputer(self._built.target, groups)
 
     def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None) -> Capture:
         """Run once with the instrument; return what ``plan`` asked to copy.
@@ -291,7 +337,7 @@ class DebugExecutor:
             with calls:
                 t0 = time.perf_counter()
                 result = self.remote.call(device_inputs) if self.remote is not None else self._main(*device_inputs)
-                if self.sync:
+                if self.sync and self.remote is None:  # (remotely the instrument synced after the last kernel)
                     self._device.sync()
                 capture.total_us = (time.perf_counter() - t0) * 1e6
             capture.result = self._fetch_outputs(result, capture.output_us)
@@ -303,10 +349,13 @@ class DebugExecutor:
 
     def _prepare(self) -> None:
         """The VM is ready: made (first run), or reconnected after a lost remote run."""
-        if self.remote is not None and self.remote.lost:
-            self.remote.reconnect()
-            self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
-            self._installed = None
+        if self.remote is not None:
+            if self.remote.lost:
+                self.remote.reconnect()
+            if self._generation != self.remote.generation:  # sessions of a lost connection are gone
+                self._native = _NativeExecutor(self._km, library=self.remote.library,
+                                               sync_device=self._sync_device())
+                self._generation, self._installed = self.remote.generation, None
         if self.remote is None and self._vm is None:
             self._vm = self._make_vm()
             self._main = self._vm["main"]
@@ -535,7 +584,7 @@ class _NativePlan:
         self.session = lib.open(native.encode_plan(sites, offset, sync_device=sync_device))
         self.instrument = self.session.instrument()
         self.own_arena = not lib.can_call_back  # remote: the session's own arena, downloaded
-        self.callbacks = lib.can_call_back
+        self.callbacks, self.streaming = lib.can_call_back, streaming
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
         self.copied_sites = sorted(self.slots)
@@ -569,7 +618,8 @@ def _references(array: np.ndarray) -> int:
 
 class _NativeCalls:
     """One run under the native instrument: ``with calls:`` wraps the VM run (begin, then read
-    the session's buffers back); :meth:`finish` fills the Capture.
+    the session's buffers back); :meth:`fetch` downloads what a remote session holds;
+    :meth:`finish` fills the Capture.
 
     Ctrl-C needs no deferral here: the instrument lets Python's SIGINT handler run now and then,
     and a KeyboardInterrupt it raises stops the VM and reaches Python as itself.
@@ -580,7 +630,7 @@ class _NativeCalls:
         self.failure: BaseException | None = None
         self.arena: np.ndarray | None = None
         self.stats: list[int] = []
-        self._events = sink is not None or bool(prepared.untracked)
+        self._events = prepared.callbacks and (sink is not None or bool(prepared.untracked))
 
     def __enter__(self) -> "_NativeCalls":
         prepared = self.prepared
@@ -610,6 +660,8 @@ class _NativeCalls:
         """The first kernel call that did not finish, and False: the instrument times calls when
         they end, so the VM may have raised in a builtin just before that call."""
         durations = self.prepared.session.times[1]
+        if len(durations) != len(self.prepared.sites):  # a remote session that could not be read
+            return None, False
         return next((s.index for s in self.prepared.sites if not s.is_view and durations[s.index] != durations[s.index]),
                     None), False
 
@@ -619,6 +671,26 @@ class _NativeCalls:
         if self.stats and self.stats[STOPPED]:
             raise TVMBehaviourChanged(f"{self.prepared.session.error()}; this TVM version behaves "
                                       "differently from the ones tvm_probe supports") from None
+
+    def fetch(self) -> None:
+        """Bring back what the session kept instead of handing it over during the run (a remote
+        session: the arena of copied outputs, the untracked inputs); all of it, or an error."""
+        prepared, session = self.prepared, self.prepared.session
+        if session.times.shape[1] != len(prepared.sites):  # a remote session end() could not read
+            raise TVMRunError("the capture session's times and counts could not be read back: nothing of this "
+                              "run is kept")
+        if prepared.own_arena and prepared.arena_bytes:
+            self.arena = session.arena()
+            got = -1 if self.arena is None else self.arena.nbytes
+            if got != prepared.arena_bytes:
+                raise TVMRunError(f"the capture session returned {max(got, 0)} bytes of kernel outputs where "
+                                  f"{prepared.arena_bytes} were copied: nothing of this run is kept")
+        if prepared.untracked and not self._events:
+            durations = session.times[1]
+            for site, positions in prepared.untracked.items():
+                if site < len(durations) and durations[site] == durations[site]:  # called
+                    kept = {j: session.kept(site, j) for j in positions}
+                    self.capture.untracked_inputs[site] = {j: a for j, a in kept.items() if a is not None}
 
     def finish(self) -> None:
         prepared, capture, stats = self.prepared, self.capture, self.stats
@@ -638,6 +710,9 @@ class _NativeCalls:
             missing = [s for s in prepared.sites if s.index not in capture.time_us and not s.is_view]
             if stats[UNEXPECTED] or missing:
                 raise _behaviour_changed(prepared.session.unexpected(), missing)
+        if self.sink is not None and not prepared.streaming:  # downloaded, now handed over in order
+            for site in copied:
+                self.sink(site, capture.outputs[site])
 
 
 class ArenaOutputs(Mapping):

@@ -9,6 +9,7 @@
     tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
     tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
     tvm-probe reduce CONFIG -o DIR              smallest sub-model that still fails: a TVM bug report
+    tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.investigate` and the stage modules; the exit statuses in
@@ -109,6 +110,15 @@ def _parser() -> argparse.ArgumentParser:
     _config_arguments(red)
     red.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
     red.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    srv = command("serve", help="run a TVM RPC server whose sessions tvm_probe can instrument (on the device)",
+                  description="Serve TVM RPC sessions that load tvm_probe's native instrument, so that a probe on "
+                              "another machine (remote={host, port} or {tracker, key}) can run its executable here "
+                              "and bring every captured tensor back.  Stop it with Ctrl-C.")
+    srv.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, every interface)")
+    srv.add_argument("--port", type=int, default=9190, help="port to listen on; 0 picks a free one (default: 9190)")
+    srv.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
+    srv.add_argument("--key", default="", help="the device key clients ask the tracker for")
+    srv.add_argument("--custom-addr", help="the address to report to the tracker (default: the one it sees)")
     return p
 
 
@@ -260,8 +270,20 @@ def _cmd_reduce(args, progress) -> int:
     return Exit.OK
 
 
+def _cmd_serve(args, progress) -> int:
+    import logging
+
+    from .remote import Server
+
+    logging.getLogger("RPCServer").setLevel(logging.WARNING if args.quiet else logging.INFO)  # TVM's server log
+    server = Server(args.host, args.port, tracker=args.tracker, key=args.key, custom_addr=args.custom_addr)
+    print(f"tvm-probe serve: listening on {server.describe()} (Ctrl-C to stop)", flush=True)
+    server.serve_forever()
+    return Exit.OK
+
+
 _COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
-             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split}
+             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split, "serve": _cmd_serve}
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
     verify:     false | true   (check every served value against an independent unfused build)
     import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
+    remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -195,6 +196,7 @@ class Config:
     split: SplitSpec | None = None
     verify: bool = False    # check every served value against an independent unfused build
     import_fixes: bool = True  # rewrite constructs TVM 0.27 cannot build (importer/fixes.py)
+    remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
     source: Path | None = None
     overrides: tuple[str, ...] = ()
 
@@ -300,7 +302,7 @@ class _Validator:
 
     def config(self, data: dict) -> Config:
         known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
-                 "import_fixes")
+                 "import_fixes", "remote")
         self.unknown_keys(data, (), known)
         if "model" not in data:
             self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
@@ -316,6 +318,7 @@ class _Validator:
             split=self.split(data["split"]) if "split" in data else None,
             verify=self.flag(data, ("verify",)),
             import_fixes=self.flag(data, ("import_fixes",), True),
+            remote=self.remote(data["remote"]) if data.get("remote") is not None else None,
             source=self.path,
             overrides=tuple(self.overridden.values()),
         )
@@ -540,6 +543,15 @@ class _Validator:
                           report=self.out_dir(value.get("report"), keys + ("report",)),
                           write=tuple(write), overwrite=self.flag(value, keys + ("overwrite",)),
                           weights=self.flag(value, keys + ("weights",)))
+
+    def remote(self, value):
+        """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.remote)."""
+        from .remote import parse_remote, remote_problems
+
+        problems = remote_problems(value)
+        for keys, text in problems:
+            self.fail(("remote",) + keys, text)
+        return None if problems else parse_remote(value)
 
     def split(self, value) -> SplitSpec | None:
         keys = ("split",)

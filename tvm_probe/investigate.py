@@ -66,8 +66,14 @@ def build_probe(config: Config, model, progress: Progress):
         imported = import_model(config.model, model, config.import_fixes)
     inputs = _inputs(config, imported, model)
     _check_capture(config, imported)
+    remote = None
+    if config.remote is not None:  # reachable, with the instrument, before the long compile
+        from .remote import connect
+
+        with progress.stage(f"connect ({config.remote.describe()})"):
+            remote = connect(config.remote)
     with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
-        probe = Probe.from_imported(imported, config.target, config.pipeline)
+        probe = Probe.from_imported(imported, config.target, config.pipeline, remote=remote)
     return probe, inputs
 
 

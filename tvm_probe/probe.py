@@ -13,12 +13,12 @@ from typing import Mapping, Sequence, Union
 import numpy as np
 
 from .build import BuiltModel, PipelineLike, compile_with_snapshots
-from .capture import Capture, CapturePlan, DebugExecutor
+from .capture import Capture, CapturePlanner, DebugExecutor
 from .errors import NotCapturedError, NotRunError, ValueUnavailableError
 from .inputs import check_inputs
 from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
-from .recompute import Recomputer, evaluate_folded
+from .recompute import evaluate_folded
 from .results import NodeInfo, Results
 from .sources import Served
 
@@ -33,53 +33,57 @@ class Probe(Results):
     Build one with :meth:`from_onnx`; call :meth:`run` once per input; then :meth:`get`,
     :meth:`get_all`, :meth:`get_node_output`, :attr:`sources`, :attr:`nodes`, :meth:`dump`.
     The executable that runs is exactly what ``tvm.compile(mod, target, pipeline)`` builds.
+
+    ``remote=`` runs it on a remote device over TVM RPC (see :mod:`tvm_probe.remote`): the
+    executable is uploaded once, every run brings its captures back, and everything else
+    (``get``, dumps, reports) is the same.
     """
 
-    def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap):
+    def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None):
         from dataclasses import replace
 
         # How a value is served belongs to this build: two probes of one import must not share it.
         imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
-        self._executor = DebugExecutor(built, kernel_map, sources=imported.sources)
-        self._recomputer = Recomputer(built.target, [s.group for s in kernel_map.sites if s.group is not None])
+        self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote)
+        self._recomputer = self._executor.recomputer([s.group for s in kernel_map.sites if s.group is not None])
         self._capture: Capture | None = None
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._folded: dict[str, np.ndarray] = {}
-        # fixed per probe, so worked out once: sites whose untracked arguments a capture of their
-        # interior needs, and the plan of each capture selection (on a 300-kernel model these
-        # took longer than the run)
-        self._untracked_all = frozenset(s.index for s in kernel_map.sites
-                                        if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
-        self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
         classify(imported.sources, kernel_map, self.num_input_nodes)
         self._init_results(imported.sources, self._static_nodes())
+        self._planner = CapturePlanner(kernel_map, self._names)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_onnx(cls, model, target="llvm", pipeline: PipelineLike = "default",
-                  shapes: Mapping[str, Sequence[int]] | None = None, import_fixes: bool = True) -> "Probe":
+                  shapes: Mapping[str, Sequence[int]] | None = None, import_fixes: bool = True,
+                  remote=None) -> "Probe":
         """Import an ONNX model (path or ``onnx.ModelProto``) and compile it for ``target``.
 
         Args:
             model: a ``.onnx`` path or an ``onnx.ModelProto``.
-            target: a TVM target (``"llvm"``, ``"cuda"``, a ``tvm.target.Target``).
+            target: a TVM target: a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
+                options (``{"kind": "cuda", "arch": "sm_90"}``), or a ``tvm.target.Target``.
             pipeline: ``"default"`` (what ``tvm.compile`` uses; unfused on CPU), ``"fused"``
                 (``relax.get_default_pipeline(target)``) or any ``tvm.transform.Pass``.
             shapes: static shapes for inputs declared with symbolic dimensions (the shape
                 arithmetic they fix is folded before TVM sees the model; see importer/static.py).
             import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
                 :attr:`import_fixes` lists those used.  Defaults to True.
+            remote: run on a remote device over TVM RPC: ``{"host": H, "port": P}`` or
+                ``{"tracker": "H:P", "key": K}`` of a ``tvm-probe serve`` (see
+                :mod:`tvm_probe.remote`).  Defaults to None (this machine).
         """
         from .importer.onnx import import_onnx
 
         shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline)
+        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline, remote)
 
     @classmethod
     def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default",
-                   import_fixes: bool = True) -> "Probe":
+                   import_fixes: bool = True, remote=None) -> "Probe":
         """Export a ``torch.nn.Module`` with ``torch.export`` and compile it for ``target``.
 
         Values answer to their fx node names (``bmm_3``) and module paths
@@ -88,15 +92,16 @@ class Probe(Results):
         Args:
             module: the model (put it in ``eval()`` mode first for inference behaviour).
             example_inputs: a tuple of tensors (the shapes are compiled statically).
-            target, pipeline, import_fixes: as for :meth:`from_onnx`.
+            target, pipeline, import_fixes, remote: as for :meth:`from_onnx`.
         """
         from .importer.torch import import_torch
 
-        return cls.from_imported(import_torch(module, example_inputs, import_fixes=import_fixes), target, pipeline)
+        return cls.from_imported(import_torch(module, example_inputs, import_fixes=import_fixes), target, pipeline,
+                                 remote)
 
     @classmethod
     def from_tflite(cls, model, target="llvm", pipeline: PipelineLike = "default",
-                    shapes: Mapping[str, Sequence[int]] | None = None) -> "Probe":
+                    shapes: Mapping[str, Sequence[int]] | None = None, remote=None) -> "Probe":
         """Import a TFLite model (path or bytes) and compile it for ``target``.
 
         Values answer to their TFLite tensor names, which are TensorFlow's op names
@@ -105,18 +110,27 @@ class Probe(Results):
 
         Args:
             model: a ``.tflite`` path or the file's bytes.
-            target, pipeline: as for :meth:`from_onnx`.
+            target, pipeline, remote: as for :meth:`from_onnx`.
             shapes: static shapes for inputs, overriding those the model declares.
         """
         from .importer.tflite import import_tflite
 
-        return cls.from_imported(import_tflite(model, {k: tuple(v) for k, v in (shapes or {}).items()}), target, pipeline)
+        shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
+        return cls.from_imported(import_tflite(model, shapes), target, pipeline, remote)
 
     @classmethod
-    def from_imported(cls, imported: ImportedModel, target="llvm", pipeline: PipelineLike = "default") -> "Probe":
-        """Compile a model an importer produced (what the ``from_*`` constructors do after importing)."""
+    def from_imported(cls, imported: ImportedModel, target="llvm", pipeline: PipelineLike = "default",
+                      remote=None) -> "Probe":
+        """Compile a model an importer produced (what the ``from_*`` constructors do after importing).
+
+        A ``remote`` device is connected to first, so that a wrong address fails before the compile.
+        """
+        if remote is not None:
+            from .remote import connect
+
+            remote = connect(remote)
         built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
-        return cls(imported, built, build_kernel_map(imported, built.snapshots))
+        return cls(imported, built, build_kernel_map(imported, built.snapshots), remote=remote)
 
     @property
     def import_fixes(self) -> list:
@@ -145,6 +159,20 @@ class Probe(Results):
     def last_run_us(self) -> float | None:
         """Wall time of the last :meth:`run` of the executable, in microseconds."""
         return self._capture.total_us if self._capture is not None else None
+
+    @property
+    def last_transfer_us(self) -> dict[str, dict[str, float]] | None:
+        """Microseconds the last :meth:`run` spent moving each model input to the device
+        (``"inputs"``) and each model output back (``"outputs"``), by name; None before a run."""
+        if self._capture is None:
+            return None
+        return {"inputs": dict(zip((s.name for s in self.imported.inputs), self._capture.input_us)),
+                "outputs": dict(zip(self.imported.sources.model_outputs, self._capture.output_us))}
+
+    @property
+    def remote(self) -> str | None:
+        """Where the model runs when it runs remotely (``host:port``, or the tracker and key)."""
+        return self._executor.remote.where if self._executor.remote is not None else None
 
     @property
     def instrument(self) -> str | None:
@@ -223,7 +251,7 @@ class Probe(Results):
             The model outputs, by output tensor name.
         """
         arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
-        plan, wanted = self._plan(capture)
+        plan, wanted = self._planner.plan(capture)
         if stream_to is not None:
             from .store.assemble import DumpOptions, run_streaming
 
@@ -250,34 +278,6 @@ class Probe(Results):
             outs = capture.outputs.get(site) if site in capture.outputs else None
             declared = self.kernel_map.sites[site].out_shapes
             node.out_shapes = [tuple(a.shape) for a in outs] if outs is not None else list(declared)
-
-    def _plan(self, capture: CaptureSpec) -> tuple[CapturePlan, set[str] | None]:
-        if capture == "all":
-            return CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
-        if capture is None:
-            return CapturePlan(outputs=frozenset()), set()
-        patterns = (capture,) if isinstance(capture, str) else tuple(capture)
-        if patterns not in self._selections:
-            self._selections[patterns] = self._select(patterns)
-        return self._selections[patterns]
-
-    def _select(self, patterns: tuple[str, ...]) -> tuple[CapturePlan, set[str]]:
-        """The plan copying what the values matching ``patterns`` need, and their keys."""
-        km, untracked_all = self.kernel_map, self._untracked_all
-        wanted = {k for p in patterns for k in self._names.match(p)}
-        outputs, untracked = set(), set()
-        for key in wanted:
-            place = km.places.get(key)
-            if place is None:
-                continue
-            if place.kind is PlaceKind.OUTPUT:
-                outputs.add(place.site)
-            elif place.kind is PlaceKind.INTERIOR:
-                site = km.sites[place.site]
-                outputs |= {a.node for a in site.args if a.kind is ArgKind.NODE}
-                if site.index in untracked_all:
-                    untracked.add(site.index)
-        return CapturePlan(outputs=frozenset(outputs), untracked_inputs=frozenset(untracked)), wanted
 
     # -- serving values -----------------------------------------------------------------------
     def _require_run(self) -> Capture:
@@ -323,7 +323,10 @@ class Probe(Results):
         folded = {k: p.var for k, p in places.items() if p.kind is PlaceKind.FOLDED}
         unique = list(dict.fromkeys(folded.values()))
         if unique:
-            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, self.built.target)))
+            # on this machine's CPU, as FoldConstant itself evaluates them (TVM builds them for "llvm")
+            from .build import parse_target
+
+            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, parse_target("llvm"))))
             values.update({k: arrays[v] for k, v in folded.items()})
         return values
 
@@ -397,5 +400,6 @@ class Probe(Results):
 
     def __repr__(self) -> str:
         ran = "ran" if self._capture is not None else "not run"
+        where = f", remote={self.remote}" if self.remote is not None else ""
         return (f"<Probe {len(self.imported.sources)} source values, {len(self.kernel_map.sites)} kernel "
-                f"calls, pipeline={self.built.pipeline!r}, target={self.built.target.kind.name}, {ran}>")
+                f"calls, pipeline={self.built.pipeline!r}, target={self.built.target.kind.name}{where}, {ran}>")

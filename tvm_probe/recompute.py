@@ -26,7 +26,8 @@ class Recomputer:
     Every cut a kernel map needs is compiled into one module on first use (one build instead of
     one per grouped function: a build costs a second or so, a run of a cut about what its
     kernel costs).  When that build fails, each cut is built on its own, so the error names the
-    kernel whose cut fails.
+    kernel whose cut fails.  Where the cuts run is :meth:`_load` / :meth:`_to_device` (a
+    subclass runs them on a remote device).
     """
 
     def __init__(self, target, groups=()):
@@ -38,44 +39,59 @@ class Recomputer:
     def interior_values(self, site: CallSite, site_inputs: list[np.ndarray], wanted=None) -> dict:
         """The tensors ``site``'s grouped function binds (by its Var; only those in ``wanted``
         when given), from the inputs the site received."""
-        import tvm
-
         group = site.group
-        feed = []
-        for i, pos in enumerate(group.param_args):
-            if pos is not None:
-                feed.append(site_inputs[pos])
-            elif i in group.param_consts:
-                feed.append(group.param_consts[i].value.numpy())
-            else:  # FuseTIR fed this parameter from something the call site does not pass
-                raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
-                                          "matches no argument of the compiled call")
+        feed = cut_feed(group, site_inputs)
         vm = self._built(group)
-        dev = device_for(self._target)
-        results = vm[_cut_name(group)](*[tvm.runtime.tensor(a, dev) for a in feed])
+        results = vm[_cut_name(group)](*self._to_device(feed))
         return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
 
     def _built(self, group):
         with self._lock:
             self._groups.setdefault(group.name, group)
             if self._vm is None or _cut_name(group) not in self._names:
-                self._vm, self._names = self._build(list(self._groups.values()))
+                groups = list(self._groups.values())
+                self._vm, self._names = self._load(compile_cuts(groups, self._target)), {_cut_name(g) for g in groups}
             return self._vm
 
-    def _build(self, groups):
+    def _load(self, executable):
+        """A VM of the cuts' executable, on the target's local device."""
         from tvm import relax
 
-        try:
-            executable = _compile_cuts(groups, self._target)
-        except Exception:
-            for group in groups:  # which one: build them one by one
-                try:
-                    _compile_cuts([group], self._target)
-                except Exception as err:
-                    raise ProbeError(f"cannot recompute values inside kernel {group.name}: "
-                                     f"{one_line(err)}") from None
-            raise
-        return relax.VirtualMachine(executable, device_for(self._target)), {_cut_name(g) for g in groups}
+        return relax.VirtualMachine(executable, device_for(self._target))
+
+    def _to_device(self, arrays: list[np.ndarray]) -> list:
+        import tvm
+
+        dev = device_for(self._target)
+        return [tvm.runtime.tensor(a, dev) for a in arrays]
+
+
+def cut_feed(group, site_inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The cut function's arguments: the call site's inputs and the constants it was fused with."""
+    feed = []
+    for i, pos in enumerate(group.param_args):
+        if pos is not None:
+            feed.append(site_inputs[pos])
+        elif i in group.param_consts:
+            feed.append(group.param_consts[i].value.numpy())
+        else:  # FuseTIR fed this parameter from something the call site does not pass
+            raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
+                                      "matches no argument of the compiled call")
+    return feed
+
+
+def compile_cuts(groups, target):
+    """One executable with the cut of every group; when that fails, the group whose cut fails
+    alone is named in a ProbeError."""
+    try:
+        return _compile_cuts(groups, target)
+    except Exception:
+        for group in groups:
+            try:
+                _compile_cuts([group], target)
+            except Exception as err:
+                raise ProbeError(f"cannot recompute values inside kernel {group.name}: {one_line(err)}") from None
+        raise
 
 
 def _cut_name(group) -> str:

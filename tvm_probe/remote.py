@@ -34,14 +34,19 @@ TVM's stock ``python -m tvm.exec.rpc_server --load-library <instrument .so>`` (t
 ``tvm_probe.native.library_path()`` names, built for the server's machine) serves the same
 functions: the instrument needs only TVM's runtime on the device.
 
+Direct clients are served at the same time, each in a process of its own; with a tracker, TVM's
+own loop serves one client at a time, as the tracker hands the server out.
+
 Limits: the executable is linked by this machine's default compiler (``export_library``), so the
-device must run code this machine can link (same architecture, or a cross-compiling ``cc``);
-captures need static shapes (the native instrument); times are measured on the device by its
-own clock (device sync around each kernel on GPUs, see :mod:`tvm_probe.capture`).
+device must run code this machine can link (the same architecture: cross-compiling is not
+supported yet); captures need static shapes (the native instrument); kernel times are measured
+on the device by its own clock (device sync around each kernel on GPUs, see
+:mod:`tvm_probe.capture`).
 """
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -52,12 +57,13 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ProbeError, TVMRunError, one_line
+from .recompute import Recomputer, _cut_name, _tensors, cut_feed
 
 log = logging.getLogger(__name__)
 
 KEYS = ("host", "port", "tracker", "key")
 FORMS = "{host: HOST, port: PORT} or {tracker: 'HOST:PORT', key: KEY}"
-_CONNECT_TIMEOUT_S = 10.0  # to reach a tracker before handing over to TVM (which retries 60 s)
+_CONNECT_TIMEOUT_S = 10.0  # to reach a tracker (TVM retries for 60 s), or for a client's handshake
 
 
 class RemoteError(TVMRunError):
@@ -320,9 +326,11 @@ class RemoteSession:
             log.debug("could not read the remote session back: %s", one_line(err))
 
     def unexpected(self) -> list[str]:
+        """The first calls of the last run that matched no call site."""
         return [u for u in str(self._call("unexpected")).split("\n") if u]
 
     def error(self) -> str:
+        """Why the instrument stopped the last run ("" when it did not)."""
         return str(self._call("error"))
 
     def arena(self) -> np.ndarray | None:
@@ -336,10 +344,12 @@ class RemoteSession:
             del tensor  # frees the server's reference: the arena can be reused by the next run
 
     def kept(self, site: int, position: int) -> np.ndarray | None:
+        """Untracked input ``position`` of call site ``site`` in the last run, downloaded."""
         tensor = self._call("kept", site, position)
         return None if tensor is None else tensor.numpy()
 
     def close(self) -> None:
+        """Forget the session on the server (nothing to do when the server is gone)."""
         if self.id is not None:
             try:
                 self._call("close")
@@ -390,14 +400,8 @@ class RemoteRuntime:
         self.connection = Connection(self.spec)
         self._load()
 
-    @property
-    def device_type(self) -> int:
-        """The device's DLPack type as the server knows it (without the RPC session mask)."""
-        from tvm.rpc.base import RPC_SESS_MASK
-
-        return self.device.dlpack_device_type() % RPC_SESS_MASK
-
     def to_device(self, array: np.ndarray):
+        """``array`` sent to the remote device."""
         import tvm
 
         return tvm.runtime.tensor(array, self.device)
@@ -405,10 +409,6 @@ class RemoteRuntime:
     def call(self, device_inputs) -> object:
         """Run ``main`` once; its outputs (remote tensors, or a tuple of them)."""
         return run_main(self.vm, device_inputs)
-
-    def install(self, instrument) -> None:
-        """Give the remote VM the instrument ``(factory name, *args)``."""
-        self.vm.module["set_instrument"](*instrument)
 
     def failure(self, err: BaseException) -> RemoteError | None:
         """The error for a run that raised ``err``, when the server is gone (then the next run
@@ -420,37 +420,36 @@ class RemoteRuntime:
                            "from this run is kept; the next run reconnects")
 
 
-def run_main(vm, device_inputs) -> object:
-    """``vm``'s ``main`` on ``device_inputs``, the way a VM over RPC takes it (RPC carries no
-    tuples: inputs are set, then outputs fetched one by one)."""
-    vm.set_input("main", *device_inputs)
-    vm.invoke_stateful("main")
-    return vm.get_outputs("main")
+def run_main(vm, device_inputs, name: str = "main") -> object:
+    """``vm``'s function ``name`` on ``device_inputs``, the way a VM over RPC takes it (RPC
+    carries no tuples: inputs are set, then outputs fetched one by one)."""
+    vm.set_input(name, *device_inputs)
+    vm.invoke_stateful(name)
+    return vm.get_outputs(name)
 
 
 # ------------------------------------------------------------------------------------- recompute
-class RemoteRecomputer:
-    """Recomputes values kept inside fused kernels on the remote device (where they were computed).
+class RemoteRecomputer(Recomputer):
+    """Recomputes values kept inside fused kernels on the remote device, where they were computed.
 
-    Each grouped function's cut (the same cut as :class:`~tvm_probe.recompute.Recomputer`
-    builds: its body unchanged, returning every tensor it binds) is compiled here for the
-    probe's target, uploaded once per connection and run there on the call site's inputs.
+    The same cuts as :class:`~tvm_probe.recompute.Recomputer` (one executable holding every
+    cut, compiled here for the probe's target), uploaded once per connection and run there on
+    the call site's captured inputs.
     """
 
-    def __init__(self, target, runtime: RemoteRuntime):
-        self._target, self._runtime = target, runtime
-        self._cuts: dict[str, tuple] = {}
+    def __init__(self, target, runtime: RemoteRuntime, groups=()):
+        super().__init__(target, groups)
+        self._runtime = runtime
         self._generation = runtime.generation
-        self._lock = threading.Lock()
 
-    def interior_values(self, site, site_inputs: list[np.ndarray]) -> dict:
-        """Every tensor ``site``'s grouped function binds (by its Var), from the site's inputs."""
+    def interior_values(self, site, site_inputs: list[np.ndarray], wanted=None) -> dict:
+        """As :meth:`Recomputer.interior_values`, computed on the remote device."""
         group = site.group
-        vm, returned = self._cut(group)
-        feed = _cut_feed(group, site_inputs)
+        feed = cut_feed(group, site_inputs)
+        vm = self._built(group)
         try:
-            results = run_main(vm, [self._runtime.to_device(a) for a in feed])
-            return dict(zip(returned, (r.numpy() for r in results)))
+            results = run_main(vm, self._to_device(feed), _cut_name(group))
+            return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
         except Exception as err:
             lost = self._runtime.failure(err)
             if lost is not None:
@@ -458,74 +457,40 @@ class RemoteRecomputer:
             raise ProbeError(f"cannot recompute values inside kernel {group.name} on {self._runtime.where}: "
                              f"{one_line(err)}") from None
 
-    def _cut(self, group):
-        with self._lock:
-            if self._runtime.lost:
-                self._runtime.reconnect()
-            if self._generation != self._runtime.generation:  # cuts of a lost session are gone
-                self._cuts, self._generation = {}, self._runtime.generation
-            if group.name not in self._cuts:
-                self._cuts[group.name] = self._build_cut(group)
-            return self._cuts[group.name]
+    def _built(self, group):
+        if self._runtime.lost:
+            self._runtime.reconnect()
+        if self._generation != self._runtime.generation:  # what a lost session held is gone
+            self._vm, self._generation = None, self._runtime.generation
+        return super()._built(group)
 
-    def _build_cut(self, group):
-        import tvm
+    def _load(self, executable):
         from tvm import relax
 
-        from .failures import native_log_to_logging
-
-        mod, tensors = _cut_module(group)
+        module = self._runtime.connection.upload(executable, "tvm_probe_cuts.so")
         try:
-            with native_log_to_logging():
-                ex = tvm.compile(mod, self._target)
+            return relax.VirtualMachine(module, self._runtime.device)
         except Exception as err:
-            raise ProbeError(f"cannot recompute values inside kernel {group.name}: {one_line(err)}") from None
-        module = self._runtime.connection.upload(ex, f"tvm_probe_cut_{len(self._cuts)}.so")
-        return relax.VirtualMachine(module, self._runtime.device), tensors
+            raise RemoteError(f"cannot start the VM of the cut modules on {self._runtime.where}: "
+                              f"{one_line(err)}") from None
 
-
-def _cut_module(group):
-    """The grouped function of ``group`` returning every tensor it binds, with its kernels, as
-    its own module (what :meth:`tvm_probe.recompute.Recomputer._build_cut` compiles; kept the
-    same here because that one builds a VM on this machine's device)."""
-    import tvm
-    from tvm import relax
-
-    func = group.function
-    block = func.body.blocks[0]
-    tensors = [b.var for b in block.bindings if isinstance(b.var.ty, relax.TensorType)]
-    outs = [relax.Var(f"out{i}", v.ty) for i, v in enumerate(tensors)]
-    bindings = list(block.bindings) + [relax.VarBinding(o, v) for o, v in zip(outs, tensors)]
-    body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))
-    mod = tvm.IRModule({"main": relax.Function(list(func.params), body, relax.TupleType([v.ty for v in tensors]))})
-    for gvar, f in group.prim_funcs.items():
-        mod[gvar] = f
-    return mod, tensors
-
-
-def _cut_feed(group, site_inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """The cut function's arguments from the call site's inputs (and the constants it was fused with)."""
-    from .errors import TVMBehaviourChanged
-
-    feed = []
-    for i, pos in enumerate(group.param_args):
-        if pos is not None:
-            feed.append(site_inputs[pos])
-        elif i in group.param_consts:
-            feed.append(group.param_consts[i].value.numpy())
-        else:
-            raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
-                                      "matches no argument of the compiled call")
-    return feed
+    def _to_device(self, arrays: list[np.ndarray]) -> list:
+        return [self._runtime.to_device(a) for a in arrays]
 
 
 # ------------------------------------------------------------------------------------- server
 class Server:
     """A TVM RPC server whose sessions can be instrumented by tvm_probe (``tvm-probe serve``).
 
-    TVM's own server loop serves each client in a child process; every child loads tvm_probe's
-    native instrument library first (TVM's ``load_library``), which registers the capture
-    functions a client drives.  The library is built here if needed (once per machine).
+    Each client is served by TVM's session loop in a child process of its own, which loads
+    tvm_probe's native instrument library first (TVM's ``load_library``): that registers the
+    capture functions a client drives.  The library is built here if needed (once per machine).
+
+    Clients that connect directly are served at the same time (TVM's stock server serves one
+    session at a time, so a second probe of the same server would wait for the first to be
+    gone: two stages of a pipeline on one device would never start).  With a tracker, TVM's own
+    loop runs: it registers with the tracker, which hands the server to one client at a time,
+    as it does for every TVM server.
 
     Args:
         host: address to listen on (``0.0.0.0``: every interface).
@@ -567,9 +532,10 @@ class Server:
         except OSError as err:
             self.sock.close()
             raise ProbeError(f"cannot listen on {host}:{port} ({err.strerror or err})") from None
-        self.sock.listen(1)
+        self.sock.listen(8)
         self.host, self.port = host, self.sock.getsockname()[1]
         self._failure: BaseException | None = None
+        self._closing = False
 
     def describe(self) -> str:
         """One line: where it listens, and the tracker it registered with."""
@@ -588,9 +554,10 @@ class Server:
         """
         from tvm.rpc import server as tvm_server  # TVM 0.27's loop: accept, handshake, tracker, fork
 
-        thread = threading.Thread(target=self._loop, args=(tvm_server._listen_loop,), daemon=True,
-                                  name="tvm_probe-rpc-listen")
+        loop = self._accept_loop if self.tracker is None else tvm_server._listen_loop
+        thread = threading.Thread(target=self._loop, args=(loop,), daemon=True, name="tvm_probe-rpc-listen")
         previous = _on_sigterm_raise_interrupt()
+        os.register_at_fork(after_in_child=_default_sigterm)  # sessions die of SIGTERM as usual
         thread.start()
         try:
             while thread.is_alive():
@@ -600,7 +567,7 @@ class Server:
         finally:
             _restore_sigterm(previous)
             self.close()
-        if self._failure is not None:
+        if self._failure is not None and not self._closing:
             raise ProbeError(f"the RPC server stopped: {one_line(self._failure)}")
 
     def _loop(self, listen_loop) -> None:
@@ -609,14 +576,90 @@ class Server:
         except BaseException as err:  # reported by serve_forever
             self._failure = err
 
+    def _accept_loop(self, sock, port, key, tracker, library, custom_addr) -> None:
+        """Accept clients for ever, each served at once in a process of its own (no tracker)."""
+        while True:
+            try:
+                conn, addr = sock.accept()
+            except OSError:
+                if self._closing:
+                    return
+                raise
+            try:
+                conn.settimeout(_CONNECT_TIMEOUT_S)  # a peer that sends nothing must not stop the loop
+                opts = _handshake(conn, key)
+            except OSError as err:
+                _rpc_log().warning("handshake with %s failed: %s", addr, err)
+                conn.close()
+                continue
+            if opts is not None:
+                conn.settimeout(None)
+                self._start_session(conn, addr, opts)
+
+    def _start_session(self, conn, addr, opts: dict) -> None:
+        """Serve ``conn`` in a child process with a work folder of its own (TVM's session loop)."""
+        import multiprocessing
+
+        from tvm.rpc import server as tvm_server
+        from tvm.support import utils
+
+        work = utils.tempdir()
+        proc = multiprocessing.Process(target=tvm_server._serve_loop, args=(conn, self.library, work))
+        proc.start()
+        conn.close()  # the child has it
+        _rpc_log().info("serving %s in process %d", addr, proc.pid)
+        threading.Thread(target=_reap, args=(proc, work, opts.get("timeout"), addr), daemon=True).start()
+
     def close(self) -> None:
         """Stop listening and end the sessions being served (their processes are killed)."""
         import multiprocessing
 
+        self._closing = True
         for child in multiprocessing.active_children():
             child.kill()  # a session runs in C++ (TVM's server loop): SIGTERM would wait for Python
             child.join(5)
         self.sock.close()
+
+
+def _rpc_log():
+    """TVM's RPC server log (what ``tvm-probe serve -q`` quiets)."""
+    return logging.getLogger("RPCServer")
+
+
+def _handshake(conn, key: str) -> dict | None:
+    """TVM RPC's opening exchange on a new connection (magic, ``client:KEY``, then ``server:KEY``);
+    the client's options (``-timeout=S``), or None for a client that is not one or has another key."""
+    import struct
+
+    from tvm.rpc import base
+
+    magic = struct.unpack("<i", base.recvall(conn, 4))[0]
+    if magic != base.RPC_MAGIC:
+        conn.close()
+        return None
+    length = struct.unpack("<i", base.recvall(conn, 4))[0]
+    words = base.recvall(conn, length).decode("utf-8").split()
+    if not words or words[0] != "client:" + key:
+        conn.sendall(struct.pack("<i", base.RPC_CODE_MISMATCH))
+        conn.close()
+        _rpc_log().warning("a client with another key (%s) was refused", words[0] if words else "none")
+        return None
+    reply = ("server:" + key).encode("utf-8")
+    conn.sendall(struct.pack("<i", base.RPC_CODE_SUCCESS) + struct.pack("<i", len(reply)) + reply)
+    timeouts = [float(w[len("-timeout="):]) for w in words[1:] if w.startswith("-timeout=")]
+    return {"timeout": timeouts[-1]} if timeouts else {}
+
+
+def _reap(proc, work, timeout: float | None, addr) -> None:
+    """Wait for a session's process (ending it after the client's session timeout), then remove
+    its work folder."""
+    proc.join(timeout or None)
+    if proc.is_alive():
+        _rpc_log().info("session of %s timed out", addr)
+        proc.kill()
+        proc.join()
+    work.remove()
+    _rpc_log().info("finished serving %s", addr)
 
 
 def _on_sigterm_raise_interrupt():
@@ -628,6 +671,11 @@ def _on_sigterm_raise_interrupt():
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, handler)
+
+
+def _default_sigterm() -> None:
+    """In a forked session process: SIGTERM ends it (the server's own handler would not)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _restore_sigterm(previous) -> None:

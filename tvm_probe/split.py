@@ -15,6 +15,14 @@ the second stage silently lacks it.  tvm_probe knows every value and who uses it
     outputs = run_pipeline(plan, inputs)
     plan.table()                     # per cut: crossing values, shape, dtype, bytes per inference
     balance(model, 2, inputs)        # 2 cuts at layer boundaries that even out stage time
+
+Stages can run on different devices over TVM RPC (each a ``tvm-probe serve``)::
+
+    run_pipeline(plan, inputs, devices=[None, {"host": "board", "port": 9190}])
+    plan.cut_table()                 # per cut: bytes and time out of one device and into the next
+
+The host drives the pipeline: a stage's outputs come back to it and go on to the stages that
+use them, so a cut costs a download from the device before it and an upload to the one after.
 """
 from __future__ import annotations
 
@@ -49,10 +57,50 @@ class Stage:
     outputs: list[str]
     first_node: int
     last_node: int
+    _remote: dict = field(default_factory=dict, repr=False, compare=False)  # device → probe of this stage there
 
-    def run(self, values: Mapping[str, np.ndarray], capture=None) -> dict[str, np.ndarray]:
-        """Run this stage on ``values`` (a superset of its inputs is fine)."""
-        return self.probe.run({name: values[name] for name in self.inputs}, capture=capture)
+    def run(self, values: Mapping[str, np.ndarray], capture=None, device=None) -> dict[str, np.ndarray]:
+        """Run this stage on ``values`` (a superset of its inputs is fine), here or on ``device``."""
+        return self.probe_on(device).run({name: values[name] for name in self.inputs}, capture=capture)
+
+    def probe_on(self, device=None):
+        """This stage's probe on ``device`` (a remote, see :mod:`tvm_probe.remote`; None: this
+        machine).  The compiled stage is uploaded once per device, not compiled again."""
+        if device is None:
+            return self.probe
+        from .remote import parse_remote
+
+        spec = parse_remote(device)
+        if spec not in self._remote:
+            self._remote[spec] = type(self.probe)(self.probe.imported, self.probe.built, self.probe.kernel_map,
+                                                  remote=spec)
+        return self._remote[spec]
+
+
+@dataclass(frozen=True)
+class CutCost:
+    """What one cut cost in a run of the pipeline: data out of the device before it and into the
+    device after it (through this host, which drives the pipeline).
+
+    Attributes:
+        cut: the cut's index; ``after``: where it is.
+        source, target: the devices of the stages before and after it (``local`` or where).
+        bytes_out, out_us: the outputs of the stage before the cut, brought to this host.
+        bytes_in, in_us: the inputs of the stage after it that earlier stages made, sent to it.
+    """
+
+    cut: int
+    after: str
+    source: str
+    target: str
+    bytes_out: int
+    out_us: float
+    bytes_in: int
+    in_us: float
+
+    @property
+    def total_us(self) -> float:
+        return self.out_us + self.in_us
 
 
 @dataclass
@@ -64,6 +112,7 @@ class SplitPlan:
     crossings: list[list[str]]
     sources: SourceMap
     stage_time_us: list[float] = field(default_factory=list)
+    cut_costs: list[CutCost] = field(default_factory=list)  # of the last run_pipeline
 
     def table(self):
         """DataFrame: per cut, every crossing value with shape, dtype, bytes per inference."""
@@ -91,12 +140,23 @@ class SplitPlan:
             "time_share": (self.stage_time_us[s.index] / total) if total else None,
         } for s in self.stages])
 
-    def measure(self, inputs: Mapping[str, np.ndarray], runs: int = 3) -> list[float]:
-        """Median run time of each stage's executable over ``runs`` chained runs (µs)."""
+    def cut_table(self):
+        """DataFrame: per cut of the last :func:`run_pipeline`, bytes and time out of the device
+        before it and into the device after it (see :class:`CutCost`)."""
+        import pandas as pd
+
+        columns = ["cut", "after", "source", "target", "bytes_out", "out_us", "bytes_in", "in_us", "total_us"]
+        return pd.DataFrame([{**{c: getattr(k, c) for c in columns[:-1]}, "total_us": k.total_us}
+                             for k in self.cut_costs], columns=columns)
+
+    def measure(self, inputs: Mapping[str, np.ndarray], runs: int = 3, devices=None) -> list[float]:
+        """Median run time of each stage's executable over ``runs`` chained runs (µs), each
+        stage on its device (see :func:`run_pipeline`)."""
         samples = []
+        devices = _stage_devices(self.stages, devices)
         for _ in range(max(1, runs)):
-            run_pipeline(self, inputs)
-            samples.append([s.probe.last_run_us for s in self.stages])
+            run_pipeline(self, inputs, devices=devices)
+            samples.append([s.probe_on(d).last_run_us for s, d in zip(self.stages, devices)])
         self.stage_time_us = [float(t) for t in np.median(np.array(samples), axis=0)]
         return self.stage_time_us
 
@@ -237,22 +297,58 @@ def split(model, cuts: Sequence[str], target="llvm", pipeline="default", shapes=
 
 
 def run_pipeline(plan: SplitPlan | Sequence[Stage], inputs: Mapping[str, np.ndarray],
-                 capture=None) -> dict[str, np.ndarray]:
+                 capture=None, devices=None) -> dict[str, np.ndarray]:
     """Run the stages in order, each fed from the model inputs and earlier stages' outputs.
 
-    Returns the model outputs.  ``capture`` is passed to every stage's run, so each stage can
-    be probed afterwards (``plan.stages[1].probe.get(...)``).
+    Args:
+        plan: a :class:`SplitPlan` (or its stages).
+        inputs: the model inputs.
+        capture: passed to every stage's run, so each stage can be probed afterwards
+            (``plan.stages[1].probe_on(device).get(...)``).
+        devices: where each stage runs, one entry per stage: None (this machine) or a remote
+            device (``{"host": H, "port": P}`` or ``{"tracker": "H:P", "key": K}``, see
+            :mod:`tvm_probe.remote`).  Defaults to every stage here.
+
+    Returns:
+        The model outputs.  On a SplitPlan, :attr:`SplitPlan.cut_costs` (and
+        :meth:`SplitPlan.cut_table`) then say what each cut cost in this run.
     """
     stages = plan.stages if isinstance(plan, SplitPlan) else list(plan)
+    devices = _stage_devices(stages, devices)
     values = dict(inputs)
-    for stage in stages:
+    probes = []
+    for stage, device in zip(stages, devices):
         missing = [n for n in stage.inputs if n not in values]
         if missing:
             raise SplitError(f"stage {stage.index} needs {missing[0]!r}, which no input or earlier stage provides")
-        values.update(stage.run(values, capture=capture))
+        values.update(stage.run(values, capture=capture, device=device))
+        probes.append(stage.probe_on(device))
+    if isinstance(plan, SplitPlan):
+        plan.cut_costs = [_cut_cost(plan, i, probes, values, inputs) for i in range(len(stages) - 1)]
     final = stages[-1].probe.imported.sources.model_outputs if stages else []
     outputs = plan.sources.model_outputs if isinstance(plan, SplitPlan) else final
     return {name: values[name] for name in outputs if name in values}
+
+
+def _stage_devices(stages: Sequence[Stage], devices) -> list:
+    """One device per stage (None: this machine), checked."""
+    if devices is None:
+        return [None] * len(stages)
+    devices = list(devices)
+    if len(devices) != len(stages):
+        raise SplitError(f"devices: give one per stage ({len(stages)}), got {len(devices)} (None runs a stage "
+                         "on this machine)")
+    return devices
+
+
+def _cut_cost(plan: SplitPlan, i: int, probes, values, inputs) -> CutCost:
+    """What cut ``i`` cost in the run whose probes (one per stage) and values are given."""
+    before, after = probes[i], probes[i + 1]
+    sent_out = before.last_transfer_us["outputs"]
+    sent_in = {n: t for n, t in after.last_transfer_us["inputs"].items() if n not in inputs}
+    return CutCost(cut=i, after=plan.cut_after[i], source=before.remote or "local", target=after.remote or "local",
+                   bytes_out=sum(int(values[n].nbytes) for n in sent_out), out_us=float(sum(sent_out.values())),
+                   bytes_in=sum(int(values[n].nbytes) for n in sent_in), in_us=float(sum(sent_in.values())))
 
 
 # ------------------------------------------------------------------------------- balancing

@@ -10,6 +10,12 @@ a run.  :mod:`tvm_probe.capture` uses it when it can and says which instrument r
     vm.set_instrument(session.instrument())   # or by name: "tvm_probe.capture.instrument", id
     session.begin(arena.ctypes.data); vm["main"](...); session.end()   # then .times, .stats
 
+A server process that loaded the library (``tvm-probe serve``) is driven the same way over TVM
+RPC by :mod:`tvm_probe.remote`: the session copies into an arena of its own and keeps untracked
+inputs instead of calling back, and the client downloads times, stats and arena after the run.
+On a device other than the CPU a plan can sync the device around each kernel call
+(``encode_plan(..., sync_device=...)``), so kernel times are device times.
+
 Building needs a C++ compiler (``$CXX`` or ``c++``) and ``ninja`` (what ``tvm_ffi.cpp.build``
 drives; ``pip install ninja`` or the ``apache-tvm-ffi[cpp]`` extra).  The library is cached under
 ``$TVM_PROBE_CACHE_DIR`` (default ``~/.cache/tvm_probe``) in a file named by a hash of the

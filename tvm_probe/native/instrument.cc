@@ -343,7 +343,8 @@ class Session {
    * was kept (begin got no on_event); None when it was not. */
   ffi::Optional<ffi::Tensor> Kept(int64_t index, int64_t position) const {
     auto it = kept_.find({index, position});
-    return it == kept_.end() ? ffi::Optional<ffi::Tensor>() : ffi::Optional<ffi::Tensor>(it->second);
+    if (it == kept_.end()) return ffi::Optional<ffi::Tensor>();
+    return ffi::Optional<ffi::Tensor>(it->second);
   }
 
   /*! \brief Why the instrument stopped the latest run ("" if it did not). */
