@@ -54,6 +54,7 @@ class Probe(Results):
         classify(imported.sources, kernel_map, self.num_input_nodes)
         self._init_results(imported.sources, self._static_nodes())
         self._planner = CapturePlanner(kernel_map, self._names)
+        self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -268,16 +269,23 @@ class Probe(Results):
         Only a run that completed gets here: a failed one leaves the previous run in place.
         """
         self._capture, self._wanted, self._values = capture, wanted, {}
+        n_in, time_us, start_us = self.num_input_nodes, capture.time_us, capture.start_us
+        for node in self.node_infos[n_in:]:
+            node.time_us = time_us.get(node.index - n_in)
+            node.start_us = start_us.get(node.index - n_in)
+        if self._symbolic:
+            self._record_sizes(capture)
+
+    def _record_sizes(self, capture: Capture) -> None:
+        """Symbolic dimensions: the nodes take this run's sizes where the run shows them."""
         n_in = self.num_input_nodes
         for node, array in zip(self.node_infos[:n_in], capture.inputs):
-            node.out_shapes = [tuple(array.shape)]  # symbolic dimensions: this run's sizes
+            node.out_shapes = [tuple(array.shape)]
         for node in self.node_infos[n_in:]:
             site = node.index - n_in
-            node.time_us = capture.time_us.get(site)
-            node.start_us = capture.start_us.get(site)
-            outs = capture.outputs.get(site) if site in capture.outputs else None
-            declared = self.kernel_map.sites[site].out_shapes
-            node.out_shapes = [tuple(a.shape) for a in outs] if outs is not None else list(declared)
+            outs = capture.outputs[site] if site in capture.outputs else None
+            node.out_shapes = ([tuple(a.shape) for a in outs] if outs is not None
+                               else list(self.kernel_map.sites[site].out_shapes))
 
     # -- serving values -----------------------------------------------------------------------
     def _require_run(self) -> Capture:
