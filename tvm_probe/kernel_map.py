@@ -165,51 +165,62 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     vn = ValueNumbering()
     fused = snapshots.post_fusion is not None
     runtime = vn.main(snapshots.post_fusion if fused else snapshots.call_graph, inline=fused)
-    call_graph = runtime if not fused else None
-    numbers = []
-    for var in site_vars:
-        if var not in runtime.of_var and call_graph is None:
-            call_graph = vn.main(snapshots.call_graph)  # FuseTIR made a new Var: it matches nothing
-        numbers.append(runtime.of_var.get(var, call_graph.of_var.get(var) if call_graph else None))
-    dead = _dead_vars(main)
-    unused_numbers = set()
-    for site, var in zip(sites, site_vars):
-        if var in dead:
-            # TVM's memory planner ignores what the result does not need: the storage a dead
-            # call reads (or a dead view aliases) may be reused before the VM makes the call, so
-            # what it shows need not be the value.  Place nothing there.
-            unused_numbers.add(numbers[site.index])
-            numbers[site.index] = None
+    numbers, untrusted = _site_numbers(vn, runtime, snapshots, site_vars)
     by_number = _runtime_places(vn, runtime, sites, site_vars, numbers, len(main.params))
-
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
-    stages.append(("after FuseOps" if fused else "compiled", runtime))
-    follower = _Follower(stages)
+    follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)])
     kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots))
     dims = _input_dims(imported.mod["main"])
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
             continue
-        trace = follower.follow(var)
-        place = by_number.get(trace.number) if trace.number is not None else None
-        if place is None and trace.number is not None and vn.terms.is_constant(trace.number):
-            place = Place(PlaceKind.CONSTANT, const=vn.terms.term(trace.number)[1])
-        if place is None and trace.lost_after == "before FoldConstant":
-            place = _folded_place(trace.var, snapshots.pre_fold)
+        place, why = _locate(follower.follow(var), by_number, vn.terms, untrusted, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
-        elif trace.number in unused_numbers:
-            kmap.lost[key] = ("the compiled module computes it only in a call whose result nothing needs, "
-                              "so the memory it reads may already be reused")
-        elif trace.number is not None:
-            kmap.lost[key] = "the compiled module computes it outside any kernel call"
         else:
-            kmap.lost[key] = f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
+            kmap.lost[key] = why
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)
     return kmap
+
+
+def _site_numbers(vn, runtime, snapshots, site_vars) -> tuple[list, set]:
+    """Each call site's value number (None where it cannot be trusted), and the numbers of the
+    calls left out because the result does not need them."""
+    call_graph = None
+    numbers = []
+    for var in site_vars:
+        if var not in runtime.of_var and call_graph is None:
+            call_graph = vn.main(snapshots.call_graph)  # FuseTIR made a new Var: it matches nothing
+        numbers.append(runtime.of_var.get(var, call_graph.of_var.get(var) if call_graph else None))
+    dead, untrusted = _dead_vars(snapshots.call_graph["main"]), set()
+    for i, var in enumerate(site_vars):
+        if var in dead:
+            # TVM's memory planner ignores what the result does not need: the storage a dead
+            # call reads (or a dead view aliases) may be reused before the VM makes the call, so
+            # what it shows need not be the value.  Place nothing there.
+            untrusted.add(numbers[i])
+            numbers[i] = None
+    return numbers, untrusted
+
+
+def _locate(trace, by_number, terms, untrusted, pre_fold) -> tuple[Place | None, str]:
+    """Where a followed value is at run time, or why it has no place."""
+    place = by_number.get(trace.number) if trace.number is not None else None
+    if place is None and trace.number is not None and terms.is_constant(trace.number):
+        place = Place(PlaceKind.CONSTANT, const=terms.term(trace.number)[1])
+    if place is None and trace.lost_after == "before FoldConstant":
+        place = _folded_place(trace.var, pre_fold)
+    if place is not None:
+        return place, ""
+    if trace.number in untrusted:
+        return None, ("the compiled module computes it only in a call whose result nothing needs, "
+                      "so the memory it reads may already be reused")
+    if trace.number is not None:
+        return None, "the compiled module computes it outside any kernel call"
+    return None, f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
 
 
 def _input_dims(main) -> dict:

@@ -22,6 +22,7 @@ from .sources import Kind, Served
 from .tolerance import default_tolerance, within
 
 log = logging.getLogger(__name__)
+_NOT_COMPUTED = ", not computed by TVM"
 
 
 @dataclass
@@ -54,7 +55,11 @@ class Verification:
     def summary(self) -> str:
         """One line: how many values were checked and, if any disagreed, the first one."""
         if not self.mismatches:
-            extra = f"; {len(self.unchecked)} not checkable (constants or not served)" if self.unchecked else ""
+            constants = sum(why.endswith(_NOT_COMPUTED) for why in self.unchecked.values())
+            parts = [f"{constants} inputs, weights and constants of the source model"] if constants else []
+            if len(self.unchecked) > constants:
+                parts.append(f"{len(self.unchecked) - constants} values not served or not in the unfused build")
+            extra = f"; not checked: {', '.join(parts)}" if parts else ""
             return f"verified: all {self.checked} served values equal an independent unfused evaluation{extra}"
         first = self.mismatches[0]
         return (f"tvm_probe problem: {len(self.mismatches)} of {self.checked} served values differ from an "
@@ -69,7 +74,7 @@ def verify(probe, inputs) -> Verification:
     out = Verification()
     for value in probe.sources_map:
         if value.kind is not Kind.VALUE:
-            out.unchecked[value.key] = f"a {value.kind.value} of the source model, not computed by TVM"
+            out.unchecked[value.key] = f"a {value.kind.value} of the source model{_NOT_COMPUTED}"
             continue
         if value.served in (Served.UNAVAILABLE, Served.UNKNOWN):
             out.unchecked[value.key] = f"not served ({value.served.value})"
