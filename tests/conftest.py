@@ -27,6 +27,18 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"demo BERT, {pipeline} pipeline: values served as {parts}")
 
 
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C as an interactive shell delivers it, whatever started the tests: a shell without job
+    control starts background jobs (``pytest ... &``) with SIGINT ignored, and children inherit
+    that.  Python's own handler for the test; an exec'd child starts from the default action."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def bert_model():
     return demo.tiny_bert()

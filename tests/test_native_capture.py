@@ -276,7 +276,7 @@ def test_a_vm_can_be_instrumented_by_the_registered_factory(fused_bert_probe, be
 
 
 @needs_native
-def test_ctrl_c_stops_a_long_native_run_in_the_middle():
+def test_ctrl_c_stops_a_long_native_run_in_the_middle(ctrl_c):
     """The native instrument lets Python's SIGINT handler run between kernels, so Ctrl-C does not
     wait for the end of a long run, and arrives as a KeyboardInterrupt."""
     model, inputs = chained_matmuls()

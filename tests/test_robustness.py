@@ -167,7 +167,7 @@ def test_ctrl_c_during_a_streamed_dump_leaves_no_trace(small, tmp_path, monkeypa
     probe.run(inputs)  # the probe is still usable
 
 
-def test_ctrl_c_during_a_run_is_a_keyboard_interrupt(bert_model, bert_inputs):
+def test_ctrl_c_during_a_run_is_a_keyboard_interrupt(bert_model, bert_inputs, ctrl_c):
     """SIGINT lands inside the VM's instrument hook; TVM would turn it into a RuntimeError."""
     import signal
     import threading
@@ -181,7 +181,7 @@ def test_ctrl_c_during_a_run_is_a_keyboard_interrupt(bert_model, bert_inputs):
     timer.join()
 
 
-def test_cli_ctrl_c_exits_2_with_one_line(tmp_path):
+def test_cli_ctrl_c_exits_2_with_one_line(tmp_path, ctrl_c):
     import signal
     import time
 

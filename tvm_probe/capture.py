@@ -445,7 +445,8 @@ class _Calls:
         sets a flag; the hook sees it and stops the run, and the interrupt is raised on exit.
         """
         self.executor.install(self.guarded_hook)
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job stays deaf
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
         self.t_start = time.perf_counter()
         return self
