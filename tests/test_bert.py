@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe import AmbiguousNameError, NotCapturedError, UnknownNameError
+from tvm_probe import AmbiguousNameError, NotCapturedError, Probe, UnknownNameError
 from tvm_probe.kernel_map import ArgKind
 from tvm_probe.sources import Kind
 
@@ -161,3 +161,37 @@ def test_every_cut_is_compiled_once_in_one_module(fused_bert_probe, bert_inputs)
     probe.run(bert_inputs)
     np.testing.assert_array_equal(probe.get("layer_._0/attention/self/query/MatMul"), layer0)
     assert probe._recomputer._vm is vm  # no second build
+
+
+def test_a_run_that_will_recompute_builds_the_cuts_alongside_itself(bert_model, bert_inputs, bert_reference):
+    """The cut modules are built during the run that needs them (overlapped, once), not on the
+    first read; a run that needs none builds nothing."""
+    probe = Probe.from_onnx(bert_model, pipeline="fused")
+    probe.run(bert_inputs, capture=None)
+    probe.run(bert_inputs, capture="layer_._0/attention/self/Softmax")  # a kernel output: nothing to recompute
+    assert probe._recomputer._vm is None
+    wanted = "layer_._1/attention/self/query/MatMul"
+    assert probe.imported.sources[probe.resolve(wanted)].served.value == "recomputed"
+    probe.run(bert_inputs, capture=[wanted])
+    vm = probe._recomputer._vm
+    assert vm is not None
+    np.testing.assert_allclose(probe.get(wanted), bert_reference[probe.resolve(wanted)], atol=ATOL)
+    probe.run(bert_inputs)
+    assert probe._recomputer._vm is vm
+
+
+def test_a_cut_build_that_fails_alongside_the_run_is_reported_on_read(bert_model, bert_inputs, bert_reference,
+                                                                      monkeypatch):
+    from tvm_probe import recompute
+    from tvm_probe.errors import ProbeError
+
+    def failing(groups, target):
+        raise ProbeError(f"cannot recompute values inside kernel {groups[0].name}: LLVM said no")
+
+    monkeypatch.setattr(recompute, "compile_cuts", failing)
+    probe = Probe.from_onnx(bert_model, pipeline="fused")
+    probe.run(bert_inputs)  # the run and its captured values do not depend on the cuts
+    captured = "layer_._0/attention/self/Softmax"
+    np.testing.assert_allclose(probe.get(captured), bert_reference[probe.resolve(captured)], atol=ATOL)
+    with pytest.raises(ProbeError, match="LLVM said no"):
+        probe.get("layer_._1/attention/self/query/MatMul")

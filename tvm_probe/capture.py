@@ -61,7 +61,7 @@ import numpy as np
 
 from .errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from .failures import log_details, run_failure
-from .kernel_map import ArgKind, KernelMap
+from .kernel_map import ArgKind, KernelMap, PlaceKind
 from . import native
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
 
@@ -102,6 +102,7 @@ class CapturePlanner:
         self._untracked_all = frozenset(s.index for s in kernel_map.sites
                                         if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
         self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
+        self._any_interior = any(p.kind is PlaceKind.INTERIOR for p in kernel_map.places.values())
 
     def plan(self, capture) -> tuple[CapturePlan, set[str] | None]:
         """The plan, and the keys asked for (None: everything)."""
@@ -114,9 +115,14 @@ class CapturePlanner:
             self._selections[patterns] = self._select(patterns)
         return self._selections[patterns]
 
-    def _select(self, patterns: tuple[str, ...]) -> tuple[CapturePlan, set[str]]:
-        from .kernel_map import PlaceKind
+    def recomputes(self, wanted: set[str] | None) -> bool:
+        """Whether serving ``wanted`` (None: every value) recomputes values kept inside kernels."""
+        if wanted is None:
+            return self._any_interior
+        places = self._km.places
+        return any(k in places and places[k].kind is PlaceKind.INTERIOR for k in wanted)
 
+    def _select(self, patterns: tuple[str, ...]) -> tuple[CapturePlan, set[str]]:
         km = self._km
         wanted = {k for p in patterns for k in self._names.match(p)}
         outputs, untracked = set(), set()

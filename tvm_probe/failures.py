@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -229,8 +230,17 @@ def native_log_to_logging(forward: bool = True) -> Iterator[NativeLog]:
     TVM logs warnings such as "Fast mode segfaults when there are out-of-bounds indices" for
     every Gather; on a terminal they bury tvm_probe's own one-line messages.  They go to the
     ``tvm_probe.build`` logger at INFO level (``tvm-probe -v`` shows them); with
-    ``forward=False`` they are only kept in the yielded :class:`NativeLog`.
+    ``forward=False`` they are only kept in the yielded :class:`NativeLog`.  One thread at a time
+    (a build alongside a run is another thread): file descriptor 2 belongs to the process.
     """
+    with _REDIRECTING:
+        yield from _redirect_native_log(forward)
+
+
+_REDIRECTING = threading.RLock()
+
+
+def _redirect_native_log(forward: bool) -> Iterator[NativeLog]:
     native = NativeLog()
     _flush_stderr()
     try:

@@ -253,14 +253,21 @@ class Probe(Results):
         """
         arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
         plan, wanted = self._planner.plan(capture)
-        if stream_to is not None:
-            from .store.assemble import DumpOptions, run_streaming
-
-            run_streaming(self, arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
-        elif dump_options:
+        if dump_options and stream_to is None:
             raise TypeError(f"run() got dump options {sorted(dump_options)} without stream_to")
-        else:
-            self._accept(self._executor.run(arrays, plan), wanted)
+        # Values kept inside fused kernels will be recomputed from this run: build their cut
+        # modules meanwhile (once per probe) instead of on the first read.
+        build = self._recomputer.build_alongside() if self._planner.recomputes(wanted) else None
+        try:
+            if stream_to is not None:
+                from .store.assemble import DumpOptions, run_streaming
+
+                run_streaming(self, arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
+            else:
+                self._accept(self._executor.run(arrays, plan), wanted)
+        finally:
+            if build is not None:
+                _join_build(build)
         return dict(zip(self.imported.sources.model_outputs, self._capture.result))
 
     def _accept(self, capture: Capture, wanted: set[str] | None) -> None:
@@ -411,3 +418,16 @@ class Probe(Results):
         where = f", remote={self.remote}" if self.remote is not None else ""
         return (f"<Probe {len(self.imported.sources)} source values, {len(self.kernel_map.sites)} kernel "
                 f"calls, pipeline={self.built.pipeline!r}, target={self.built.target.kind.name}{where}, {ran}>")
+
+
+def _join_build(thread) -> None:
+    """Wait for a build started alongside a run.  A Ctrl-C meanwhile is raised once it is over:
+    while it lasts, file descriptor 2 goes to the log, and so would the interruption's message."""
+    interrupted = False
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt

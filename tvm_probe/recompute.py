@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -18,6 +19,8 @@ import numpy as np
 from .build import device_for, native_log_to_logging
 from .errors import ProbeError, TVMBehaviourChanged, one_line
 from .kernel_map import CallSite
+
+log = logging.getLogger(__name__)
 
 
 class Recomputer:
@@ -30,11 +33,16 @@ class Recomputer:
     subclass runs them on a remote device).
     """
 
+    #: whether :meth:`build_alongside` may build while a run goes on (a remote subclass: no, its
+    #: RPC session serves one call at a time)
+    builds_alongside_runs = True
+
     def __init__(self, target, groups=()):
         self._target = target
         self._groups = {g.name: g for g in groups}
         self._vm = None
         self._lock = threading.Lock()
+        self._tried_alongside = False
 
     def interior_values(self, site: CallSite, site_inputs: list[np.ndarray], wanted=None) -> dict:
         """The tensors ``site``'s grouped function binds (by its Var; only those in ``wanted``
@@ -45,13 +53,39 @@ class Recomputer:
         results = vm[_cut_name(group)](*self._to_device(feed))
         return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
 
+    def build_alongside(self) -> threading.Thread | None:
+        """Start building the cuts on a thread, for a run that will need them, so the build
+        overlaps the run (TVM's compiler releases the GIL): a full compare then costs one build
+        less.  Once per recomputer; the caller joins the thread before its run returns (the build
+        sends file descriptor 2 to the log while it lasts).  A build that fails here is left for
+        the first :meth:`interior_values` to repeat and report.  None when nothing is to build.
+        """
+        if self._vm is not None or self._tried_alongside or not self._groups or not self.builds_alongside_runs:
+            return None
+        self._tried_alongside = True
+        thread = threading.Thread(target=self._build_quietly, name="tvm_probe cut build")
+        thread.start()
+        return thread
+
+    def _build_quietly(self) -> None:
+        try:
+            with self._lock:
+                if self._vm is None:
+                    self._build_all()
+        except Exception as err:  # noqa: BLE001 - reported by the foreground build that repeats it
+            log.debug("building the cut modules alongside the run failed: %s", one_line(err))
+
     def _built(self, group):
         with self._lock:
             self._groups.setdefault(group.name, group)
             if self._vm is None or _cut_name(group) not in self._names:
-                groups = list(self._groups.values())
-                self._vm, self._names = self._load(compile_cuts(groups, self._target)), {_cut_name(g) for g in groups}
+                self._build_all()
             return self._vm
+
+    def _build_all(self) -> None:
+        """One executable with the cut of every known group, loaded (call with the lock held)."""
+        groups = list(self._groups.values())
+        self._vm, self._names = self._load(compile_cuts(groups, self._target)), {_cut_name(g) for g in groups}
 
     def _load(self, executable):
         """A VM of the cuts' executable, on the target's local device."""

@@ -437,6 +437,8 @@ class RemoteRecomputer(Recomputer):
     the call site's captured inputs.
     """
 
+    builds_alongside_runs = False  # the upload would share the RPC session with the run
+
     def __init__(self, target, runtime: RemoteRuntime, groups=()):
         super().__init__(target, groups)
         self._runtime = runtime
