@@ -33,14 +33,12 @@ class Recomputer:
     subclass runs them on a remote device).
     """
 
-    #: whether :meth:`build_alongside` may build while a run goes on (a remote subclass: no, its
-    #: RPC session serves one call at a time)
-    builds_alongside_runs = True
-
     def __init__(self, target, groups=()):
         self._target = target
         self._groups = {g.name: g for g in groups}
-        self._vm = None
+        self._executable = None  # every known group's cut, compiled
+        self._names: set[str] = set()
+        self._vm = None  # the executable, loaded where the cuts run
         self._lock = threading.Lock()
         self._tried_alongside = False
 
@@ -56,11 +54,13 @@ class Recomputer:
     def build_alongside(self) -> threading.Thread | None:
         """Start building the cuts on a thread, for a run that will need them, so the build
         overlaps the run (TVM's compiler releases the GIL): a full compare then costs one build
-        less.  Once per recomputer; the caller joins the thread before its run returns (the build
-        sends file descriptor 2 to the log while it lasts).  A build that fails here is left for
-        the first :meth:`interior_values` to repeat and report.  None when nothing is to build.
+        less.  The cuts are compiled, and loaded where :meth:`_loads_alongside` allows.
+
+        Once per recomputer; the caller joins the thread before its run returns (the build sends
+        file descriptor 2 to the log while it lasts).  A build that fails here is left for the
+        first :meth:`interior_values` to repeat and report.  None when nothing is to build.
         """
-        if self._vm is not None or self._tried_alongside or not self._groups or not self.builds_alongside_runs:
+        if self._executable is not None or self._tried_alongside or not self._groups:
             return None
         self._tried_alongside = True
         thread = threading.Thread(target=self._build_quietly, name="tvm_probe cut build")
@@ -70,22 +70,32 @@ class Recomputer:
     def _build_quietly(self) -> None:
         try:
             with self._lock:
-                if self._vm is None:
-                    self._build_all()
+                if self._executable is None:
+                    self._compile_all()
+                if self._vm is None and self._loads_alongside():
+                    self._vm = self._load(self._executable)
         except Exception as err:  # noqa: BLE001 - reported by the foreground build that repeats it
             log.debug("building the cut modules alongside the run failed: %s", one_line(err))
 
     def _built(self, group):
         with self._lock:
             self._groups.setdefault(group.name, group)
-            if self._vm is None or _cut_name(group) not in self._names:
-                self._build_all()
+            if self._executable is None or _cut_name(group) not in self._names:
+                self._compile_all()
+            if self._vm is None:
+                self._vm = self._load(self._executable)
             return self._vm
 
-    def _build_all(self) -> None:
-        """One executable with the cut of every known group, loaded (call with the lock held)."""
+    def _compile_all(self) -> None:
+        """One executable with the cut of every known group (call with the lock held)."""
         groups = list(self._groups.values())
-        self._vm, self._names = self._load(compile_cuts(groups, self._target)), {_cut_name(g) for g in groups}
+        self._vm, self._executable = None, compile_cuts(groups, self._target)
+        self._names = {_cut_name(g) for g in groups}
+
+    def _loads_alongside(self) -> bool:
+        """Whether the cuts may be loaded while a run goes on: on the host, yes (LLVM's JIT is
+        half the build); onto a GPU, no: that would touch the device the run is timed on."""
+        return device_for(self._target).dlpack_device_type() == 1  # kDLCPU
 
     def _load(self, executable):
         """A VM of the cuts' executable, on the target's local device."""

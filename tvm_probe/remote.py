@@ -437,8 +437,6 @@ class RemoteRecomputer(Recomputer):
     the call site's captured inputs.
     """
 
-    builds_alongside_runs = False  # the upload would share the RPC session with the run
-
     def __init__(self, target, runtime: RemoteRuntime, groups=()):
         super().__init__(target, groups)
         self._runtime = runtime
@@ -465,6 +463,9 @@ class RemoteRecomputer(Recomputer):
         if self._generation != self._runtime.generation:  # what a lost session held is gone
             self._vm, self._generation = None, self._runtime.generation
         return super()._built(group)
+
+    def _loads_alongside(self) -> bool:
+        return False  # the upload would share the RPC session with the run
 
     def _load(self, executable):
         from tvm import relax
