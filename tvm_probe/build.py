@@ -87,6 +87,20 @@ def device_for(target):
     return tvm.device({"llvm": "cpu", "c": "cpu", "nvptx": "cuda"}.get(kind, kind), 0)
 
 
+_DL_CPU = 1  # DLPack's kDLCPU
+_RPC_SESS_MASK = 128  # tvm.rpc.base.RPC_SESS_MASK: added to the device type of a remote device
+
+
+def device_type(device) -> int:
+    """DLPack device type of ``device``, without the mask a device of an RPC session carries."""
+    return device.dlpack_device_type() % _RPC_SESS_MASK
+
+
+def on_host(device) -> bool:
+    """Whether ``device`` is a CPU (of this machine, or of a remote one)."""
+    return device_type(device) == _DL_CPU
+
+
 def parse_target(target) -> Any:
     """A ``tvm.target.Target`` from a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
     options (``{"kind": "cuda", "arch": "sm_90"}``) or a Target, with a clear error.

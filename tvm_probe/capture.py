@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .build import device_type, on_host
 from .errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from .failures import log_details, run_failure
 from .kernel_map import ArgKind, KernelMap, PlaceKind
@@ -73,8 +74,6 @@ NATIVE, PYTHON = "native", "python"
 INSTRUMENT_ENV = "TVM_PROBE_INSTRUMENT"
 _CHOICES = ("auto", NATIVE, PYTHON)
 _MAX_PLANS = 16  # native plans kept per executor (one per distinct CapturePlan)
-_DL_CPU = 1  # DLPack's kDLCPU
-_RPC_SESS_MASK = 128  # tvm.rpc.base.RPC_SESS_MASK: added to the device type of a remote device
 
 
 @dataclass(frozen=True)
@@ -172,11 +171,6 @@ def _flatten(value) -> list:
     return [a for item in value for a in _flatten(item)]
 
 
-def _device_type(device) -> int:
-    """DLPack device type of ``device``, without the mask a device of an RPC session carries."""
-    return device.dlpack_device_type() % _RPC_SESS_MASK
-
-
 class DebugExecutor:
     """Runs a built model once per :meth:`run`, capturing what a :class:`CapturePlan` asks for.
 
@@ -207,8 +201,9 @@ class DebugExecutor:
             self._check_remote(choice, explicit=instrument is not None)  # before uploading anything
             self.remote = RemoteRuntime(built, remote)
         self._device = self.remote.device if self.remote is not None else built.device
-        self.sync = _device_type(self._device) != _DL_CPU if sync is None else bool(sync)
+        self.sync = not on_host(self._device) if sync is None else bool(sync)
         self._vm = None  # made at the first run: building for a GPU needs no GPU, running does
+        self._main = None  # its "main"
         self._installed = None  # the instrument the VM holds now
         self.instrument, self.fallback_reason = PYTHON, None
         self._native: _NativeExecutor | None = None
@@ -230,7 +225,7 @@ class DebugExecutor:
             if choice == NATIVE:
                 raise ProbeError(f"the native instrument is unavailable: {self.fallback_reason}")
             return
-        if choice == "auto" and _device_type(self._device) != _DL_CPU:
+        if choice == "auto" and not on_host(self._device):
             # the native device-to-host copy (TVM's TVMTensorCopyToBytes, as Tensor.numpy()
             # uses) and sync have not been checked on a GPU yet (bench/gpu_check.py does):
             # opt in with TVM_PROBE_INSTRUMENT=native
@@ -278,7 +273,7 @@ class DebugExecutor:
 
     def _sync_device(self) -> tuple[int, int] | None:
         """``(DLPack type, index)`` of the device the native instrument syncs, or None."""
-        return (_device_type(self._device), self._device.index) if self.sync else None
+        return (device_type(self._device), self._device.index) if self.sync else None
 
     @property
     def vm(self):
@@ -362,9 +357,8 @@ class DebugExecutor:
                 self._native = _NativeExecutor(self._km, library=self.remote.library,
                                                sync_device=self._sync_device())
                 self._generation, self._installed = self.remote.generation, None
-        if self.remote is None and self._vm is None:
-            self._vm = self._make_vm()
-            self._main = self._vm["main"]
+        if self.remote is None and self._main is None:
+            self._main = self.vm["main"]
 
     @staticmethod
     def _fetch_outputs(result, times: list[float]) -> list[np.ndarray]:

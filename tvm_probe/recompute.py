@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .build import device_for, native_log_to_logging
+from .build import device_for, native_log_to_logging, on_host
 from .errors import ProbeError, TVMBehaviourChanged, one_line
 from .kernel_map import CallSite
 
@@ -47,9 +47,11 @@ class Recomputer:
         when given), from the inputs the site received."""
         group = site.group
         feed = cut_feed(group, site_inputs)
-        vm = self._built(group)
-        results = vm[_cut_name(group)](*self._to_device(feed))
-        return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
+        return self._run_cut(self._built(group), group, feed, wanted)
+
+    def _run_cut(self, vm, group, feed: list[np.ndarray], wanted) -> dict:
+        """``group``'s cut in ``vm`` on ``feed``: the tensors in ``wanted`` (None: all), as numpy."""
+        return wanted_arrays(group, vm[_cut_name(group)](*self._to_device(feed)), wanted)
 
     def build_alongside(self) -> threading.Thread | None:
         """Start building the cuts on a thread, for a run that will need them, so the build
@@ -95,7 +97,7 @@ class Recomputer:
     def _loads_alongside(self) -> bool:
         """Whether the cuts may be loaded while a run goes on: on the host, yes (LLVM's JIT is
         half the build); onto a GPU, no: that would touch the device the run is timed on."""
-        return device_for(self._target).dlpack_device_type() == 1  # kDLCPU
+        return on_host(device_for(self._target))
 
     def _load(self, executable):
         """A VM of the cuts' executable, on the target's local device."""
@@ -122,6 +124,11 @@ def cut_feed(group, site_inputs: list[np.ndarray]) -> list[np.ndarray]:
             raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
                                       "matches no argument of the compiled call")
     return feed
+
+
+def wanted_arrays(group, results, wanted) -> dict:
+    """The results of ``group``'s cut by the Var each is, as numpy: those in ``wanted`` (None: all)."""
+    return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
 
 
 def compile_cuts(groups, target):

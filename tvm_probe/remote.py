@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ProbeError, TVMRunError, one_line
-from .recompute import Recomputer, _cut_name, _tensors, cut_feed
+from .recompute import Recomputer, _cut_name, wanted_arrays
 
 log = logging.getLogger(__name__)
 
@@ -442,14 +442,11 @@ class RemoteRecomputer(Recomputer):
         self._runtime = runtime
         self._generation = runtime.generation
 
-    def interior_values(self, site, site_inputs: list[np.ndarray], wanted=None) -> dict:
-        """As :meth:`Recomputer.interior_values`, computed on the remote device."""
-        group = site.group
-        feed = cut_feed(group, site_inputs)
-        vm = self._built(group)
+    def _run_cut(self, vm, group, feed: list[np.ndarray], wanted) -> dict:
+        """As :meth:`Recomputer._run_cut`, on the remote device; a lost device or a failed
+        run or download is a one-line error."""
         try:
-            results = run_main(vm, self._to_device(feed), _cut_name(group))
-            return {var: r.numpy() for var, r in zip(_tensors(group), results) if wanted is None or var in wanted}
+            return wanted_arrays(group, run_main(vm, self._to_device(feed), _cut_name(group)), wanted)
         except Exception as err:
             lost = self._runtime.failure(err)
             if lost is not None:
