@@ -30,7 +30,7 @@ from enum import Enum
 from typing import Any
 
 from .errors import TVMBehaviourChanged
-from .valuenum import FunctionValues, ValueNumbering
+from .valuenum import FunctionValues, ValueNumbering, shape_dims
 
 VIEW_SYMBOL = "vm.builtin.reshape"
 _KERNEL_OPS = {"relax.call_tir", "relax.call_dps_packed"}
@@ -229,7 +229,7 @@ def _input_dims(main) -> dict:
 
     found = {}
     for i, param in enumerate(main.params):
-        for axis, dim in enumerate(getattr(getattr(param.ty, "shape", None), "values", None) or ()):
+        for axis, dim in enumerate(shape_dims(param.ty) or ()):
             if isinstance(dim, tvm.ir.expr.Var) and dim not in found:
                 found[dim] = Place(PlaceKind.SHAPE, input_index=i, output=axis)
     return found
@@ -405,7 +405,7 @@ def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
     fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
     shapes, dtypes = [], []
     for f in fields:
-        values = getattr(getattr(f, "shape", None), "values", None)
+        values = shape_dims(f)
         if values is None:
             raise TVMBehaviourChanged(f"kernel output type {f} has no known rank")
         shapes.append(tuple(dim_of(v) for v in values))

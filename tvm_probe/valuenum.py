@@ -197,8 +197,7 @@ class ValueNumbering:
 
         found = {}
         for param, arg in zip(func.params, call.args):
-            inner = getattr(getattr(param.ty, "shape", None), "values", None)
-            outer = getattr(getattr(getattr(arg, "ty", None), "shape", None), "values", None)
+            inner, outer = shape_dims(param.ty), shape_dims(getattr(arg, "ty", None))
             if inner is None or outer is None or len(inner) != len(outer):
                 continue
             for p_dim, a_dim in zip(inner, outer):
@@ -213,3 +212,8 @@ class ValueNumbering:
         params = set(func.params)
         inner = {var: number for var, number in values.of_var.items() if var not in params}
         return InlinedCall(call=call, inner=inner, result=values.body)
+
+
+def shape_dims(ty) -> list | None:
+    """The dimensions of a tensor type whose shape is known (None: no type, or unknown rank)."""
+    return getattr(getattr(ty, "shape", None), "values", None)
