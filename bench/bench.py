@@ -4,6 +4,7 @@
     python bench/bench.py --quick         # demo BERT and the instrument section (~3 min)
     python bench/bench.py --instrument    # the instrument section only (~2 min)
     python bench/bench.py --compare       # the full-compare section only (~6 min, bert-base included)
+    python bench/bench.py --per-run       # per-run overhead: no capture, one value, everything (~1 min)
 
 Updates ``bench/results.md``: the sections a run measures replace those of the same title, the
 others are kept.  Each comparison interleaves its variants run by run and reports medians and
@@ -566,6 +567,52 @@ def bench_compare(label: str, model, inputs, runs: int = 5) -> list[str]:
             ratio_row("run + full compare, recomputation and folding included", full, run, COMPARE_TARGET), ""]
 
 
+PER_RUN_TARGETS = {"run(capture=None)": 1.01, "one value": 1.02, "everything (capture='all')": 1.05}
+
+
+def per_run_section(rounds: int = 400) -> list[str]:
+    """Issue 22's per-run targets: what ``Probe.run`` adds to a plain VM run fed numpy and
+    returning numpy, capturing nothing, one value, everything (demo BERT, ``fused``)."""
+    import tvm
+
+    from tvm_probe import Probe, demo
+
+    model = demo.tiny_bert()
+    inputs = demo.demo_inputs(model)
+    probe = Probe.from_onnx(model, pipeline="fused")
+    probe.run(inputs)  # the first run goes through the instrument (it checks the call sequence)
+    vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
+    names = [s.name for s in probe.inputs]
+    one_output = next(v.key for v in probe.sources_map if v.served is not None and v.served.value == "captured"
+                      and "MatMul" in v.key)
+
+    def plain():
+        vm["main"](*[tvm.runtime.tensor(inputs[n]) for n in names]).numpy()
+
+    variants = {
+        "plain": plain,
+        "run(capture=None)": lambda: probe.run(inputs, capture=None),
+        "one value": lambda: probe.run(inputs, capture=[one_output]),
+        "one value kept inside a kernel (its kernel's inputs)": lambda: probe.run(inputs, capture=[SELECTIVE]),
+        "everything (capture='all')": lambda: probe.run(inputs, capture="all"),
+        "run(capture=None, kernel_times=True)": lambda: probe.run(inputs, capture=None, kernel_times=True),
+    }
+    for variant in variants.values():
+        variant()
+    times = interleave(variants, rounds)
+    base = times["plain"]
+    lines = ["## Per-run overhead", "",
+             "Issue 22's targets: `Probe.run` against a plain VM run of the same executable fed numpy and "
+             "returning numpy, demo BERT `fused`, after the probe's first run; "
+             f"{rounds} interleaved rounds. A run capturing nothing or a few kernels goes through a VM "
+             "that wraps only those kernels (`tvm_probe/kernel_hook.py`: no TVM instrument, no per-kernel "
+             "times); `kernel_times=True` or a capture of many values goes through TVM's instrument.", "",
+             "| variant | median | ratio | target | |", "|---|---|---|---|---|"]
+    lines += [ratio_row(k, v, base, PER_RUN_TARGETS.get(k)) for k, v in times.items()]
+    lines += ["", f"(one value: `{one_output}`, a kernel output; kept inside a kernel: `{SELECTIVE}`.)", ""]
+    return lines
+
+
 def compare_section() -> list[str]:
     from tvm_probe import demo
 
@@ -630,9 +677,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="demo BERT and the instrument section")
     parser.add_argument("--instrument", action="store_true", help="the capture instrument section only")
     parser.add_argument("--compare", action="store_true", help="the full-compare section only")
+    parser.add_argument("--per-run", action="store_true", help="the per-run overhead section only")
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
-    models = [] if args.instrument or args.compare else ["demo"] if args.quick else ["demo", "bert-base"]
+    only = args.instrument or args.compare or args.per_run
+    models = [] if only else ["demo"] if args.quick else ["demo", "bert-base"]
     header = ["# tvm_probe benchmark results", "",
               f"Machine: {os.cpu_count()} cores, {sys.platform}; python {sys.version.split()[0]}; "
               f"written by `bench/bench.py` on {time.strftime('%Y-%m-%d %H:%M')} (sections not measured "
@@ -650,9 +699,11 @@ def main() -> None:
         ort_times = bench_onnxruntime(model, inputs, rounds)
         base = ort_times["onnxruntime"]
         measured += [f"| {k} | {v * 1e3:.2f} ms | {v / base:.3f}x |" for k, v in ort_times.items()] + [""]
-    if not args.compare:
+    if not only or args.per_run:
+        measured += per_run_section()
+    if not only or args.instrument:
         measured += instrument_section()
-    if not (args.instrument or args.quick):
+    if not (only or args.quick) or args.compare:
         measured += compare_section()
     old = args.out.read_text() if args.out.exists() else ""
     text = merge_results(old, header, sections(measured) + sections(NOTES))

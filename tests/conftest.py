@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tvm_probe.schema import PIPELINES  # noqa: F401  (tests import it from here)
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 
 from tvm_probe import demo  # noqa: E402
 from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
 
-PIPELINES = ["default", "fused"]
 SERVED_COUNTS: dict[str, dict[str, int]] = {}  # filled by test_bert, printed at the end
 
 
@@ -70,6 +71,12 @@ def fused_bert_probe(bert_model):
     from tvm_probe import Probe
 
     return Probe.from_onnx(bert_model, target="llvm", pipeline="fused")
+
+
+def run_cli(*args, quiet: bool = True) -> subprocess.CompletedProcess:
+    """``tvm-probe ARGS`` in a fresh process, as a user's shell runs it (exit status, stdout, stderr)."""
+    return subprocess.run([sys.executable, "-m", "tvm_probe.cli", *(["--quiet"] if quiet else []), *map(str, args)],
+                          capture_output=True, text=True)
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:

@@ -89,3 +89,85 @@ def export_dynamo(model, args, path: Path, names: list[str], axes: dict[str, dic
         torch.onnx.export(model, args, str(path), dynamo=True, input_names=names, output_names=["logits"],
                           dynamic_shapes=shapes, verbose=False)
     return path
+
+
+# -- decoder LLMs (issues 23 and 24) -----------------------------------------------------------
+DECODER_VOCAB, DECODER_HIDDEN, DECODER_HEADS, DECODER_KV_HEADS = 128, 64, 4, 2
+DECODER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "phi3", "gemma")
+
+
+def decoder_config(family: str):
+    """A tiny config of ``family`` built in code: vocab 128, hidden 64, 2 layers, 4 heads
+    (2 KV heads where the family has grouped-query attention), seeded weights come later."""
+    tf = _transformers()
+    common = dict(vocab_size=DECODER_VOCAB, hidden_size=DECODER_HIDDEN, intermediate_size=128,
+                  num_hidden_layers=LAYERS, num_attention_heads=DECODER_HEADS,
+                  num_key_value_heads=DECODER_KV_HEADS, max_position_embeddings=POSITIONS,
+                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=DECODER_VOCAB, n_embd=DECODER_HIDDEN, n_layer=LAYERS,
+                             n_head=DECODER_HEADS, n_positions=POSITIONS, bos_token_id=0, eos_token_id=1)
+    configs = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig,
+               "phi3": tf.Phi3Config, "gemma": tf.GemmaConfig}
+    extra = {"gemma": dict(head_dim=DECODER_HIDDEN // DECODER_HEADS)}.get(family, {})
+    return configs[family](**common, **extra)
+
+
+def hf_decoder(family: str, seed: int = 0):
+    """A seeded ``*ForCausalLM`` of ``family`` in eval mode (no download)."""
+    tf = _transformers()
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(decoder_config(family)).eval()
+
+
+def decoder_ids(seed: int = 0, batch: int = 1, seq: int = SEQ) -> torch.Tensor:
+    """Prompt token ids in ``[2, vocab)`` (0 and 1 are BOS/EOS)."""
+    return torch.randint(2, DECODER_VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed + 1))
+
+
+class LogitsOnly(torch.nn.Module):
+    """``model(input_ids[, attention_mask], use_cache=False).logits``: one forward, no cache."""
+
+    def __init__(self, model, with_mask: bool):
+        super().__init__()
+        self.model, self.with_mask = model, with_mask
+
+    def forward(self, input_ids, attention_mask=None):
+        if self.with_mask:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def eager_forward_outputs(module, args) -> dict:
+    """Every submodule's output in eager PyTorch, by path: ``forward`` is wrapped per instance,
+    so modules whose ``forward`` is called directly (which forward hooks miss) are seen too.
+    The last call wins; a tuple output gives its first tensor, as a forward hook sees it."""
+    import numpy as np
+
+    found: dict[str, np.ndarray] = {}
+    wrapped = [m for path, m in module.named_modules() if path]
+    for path, m in module.named_modules():
+        if path:
+            m.forward = _recording(path, m.forward, found)
+    try:
+        with torch.no_grad():
+            module(*args)
+    finally:
+        for m in wrapped:
+            del m.forward
+    return found
+
+
+def _recording(path, forward, found):
+    def wrapper(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+        if isinstance(tensor, torch.Tensor):
+            found[path] = tensor.detach().numpy().copy()
+        return output
+    return wrapper
+
+
+def tiny_llama():
+    """A factory for ``model: {hf: ...}`` configs: the seeded tiny Llama."""
+    return hf_decoder("llama")

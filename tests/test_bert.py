@@ -145,9 +145,13 @@ def test_selective_capture_copies_only_what_is_needed(fused_bert_probe, bert_inp
     assert set(probe._capture.outputs) == producers
     with pytest.raises(NotCapturedError, match="not captured by the last run"):
         probe.get("layer_._0/attention/self/Softmax")
-    probe.run(bert_inputs, capture=None)
+    probe.run(bert_inputs, capture=None, kernel_times=True)
     assert probe._capture.outputs == {}
     assert probe.nodes["time_us"].notna().sum() == len(probe.kernel_map.sites)
+    # without kernel_times, a run capturing nothing observes no kernel at all (and times none)
+    probe.run(bert_inputs, capture=None)
+    assert probe.instrument == "kernel hook" and probe._capture.outputs == {}
+    assert probe.nodes["time_us"].isna().all()
 
 
 def test_every_cut_is_compiled_once_in_one_module(fused_bert_probe, bert_inputs):

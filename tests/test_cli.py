@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from conftest import run_cli
 from onnx import numpy_helper
 
 from tvm_probe import demo, load_dump
@@ -18,9 +17,7 @@ CONFIGS = Path(__file__).parent.parent / "configs"
 TAMPERED = "tf_bert_for_sequence_classification/bert/encoder/layer_._1/attention/self/query/kernel:0"
 
 
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tvm_probe.cli", "--quiet", *map(str, args)],
-                          capture_output=True, text=True)
+cli = run_cli
 
 
 @pytest.fixture(scope="module")

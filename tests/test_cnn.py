@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 from tvm_probe import Probe
 from tvm_probe.reference.onnxruntime import onnxruntime_values
 from tvm_probe.sources import Kind
@@ -18,7 +20,7 @@ def cnn():
     return model, inputs, onnxruntime_values(model, inputs)
 
 
-@pytest.mark.parametrize("pipeline", ["default", "fused"])
+@pytest.mark.parametrize("pipeline", PIPELINES)
 def test_every_cnn_value_matches_onnxruntime_by_tensor_name(cnn, pipeline):
     model, inputs, ref = cnn
     assert all(not n.name for n in model.graph.node)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 from tvm_probe import Probe, ProbeError, demo, load_dump
 from tvm_probe.cli import main
 from tvm_probe.compare import compare
@@ -47,7 +49,7 @@ def perturb_first_softmax(scale: float = 1.05):
 @pytest.fixture(scope="module")
 def demo_runs(bert_model, bert_inputs):
     runs = {}
-    for pipeline in ("default", "fused"):
+    for pipeline in PIPELINES:
         runs[pipeline] = Probe.from_onnx(bert_model, pipeline=pipeline)
         runs[pipeline].run(bert_inputs)
     return runs

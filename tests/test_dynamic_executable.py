@@ -6,13 +6,14 @@ import numpy as np
 import onnx
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 from tvm_probe import InputError, Probe, TVMCompileError
 from tvm_probe.compare import compare
 from tvm_probe.reference.onnxruntime import onnxruntime_values
 
 from models import small_cnn
 
-PIPELINES = ["default", "fused"]
 
 
 def dynamic_batch_cnn():

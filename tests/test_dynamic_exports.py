@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")
@@ -59,7 +61,7 @@ def _feeds(name, args) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pipeline", ["default", "fused"])
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("name", list(EXPORTS))
 def test_dynamic_export_probes_with_shapes(exported, name, pipeline):
     path, module, args = exported(name)

@@ -1,11 +1,10 @@
 """Every bad input is a ProbeError subclass with a one-line message that says what to do."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import (InputError, ModelError, NotRunError, PipelineError, Probe, ProbeError,
@@ -119,8 +118,7 @@ def test_inputs_as_a_list_in_declared_order(small_probe):
 
 
 def test_cli_bad_input_exits_2_without_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "get", str(tmp_path / "nope"), "x"],
-                          capture_output=True, text=True)
+    proc = run_cli("get", tmp_path / "nope", "x", quiet=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"tvm-probe: error: dump folder '{tmp_path / 'nope'}' does not exist: " \
                                   "give the folder written by probe.dump()"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from tvm_probe.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import ModelError, PipelineError, Probe
@@ -17,7 +19,6 @@ from tvm_probe.importer.fixes import FIXES, AppliedFix, unfixed_hint
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.reference.onnxruntime import onnxruntime_values
 
-PIPELINES = ["default", "fused"]
 vi = helper.make_tensor_value_info
 
 

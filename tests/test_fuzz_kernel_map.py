@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+
+from tvm_probe.schema import PIPELINES
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +32,7 @@ def test_every_served_value_of_a_random_graph_is_right(data):
 
     model, inputs = random_graph(HypothesisChooser(data))
     other = random_inputs(model, np.random.default_rng(1))
-    for pipeline in ("default", "fused"):
+    for pipeline in PIPELINES:
         probe = Probe.from_onnx(model, pipeline=pipeline)
         probe.run(inputs)
         problems = check_probe(probe, model, inputs, other)

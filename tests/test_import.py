@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 from tvm_probe import AmbiguousNameError, Probe, ValueUnavailableError
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.sources import Kind
@@ -49,7 +51,7 @@ def test_folded_identity_and_dead_values_are_served_honestly():
             probe.get("dead")
 
 
-@pytest.mark.parametrize("pipeline", ["default", "fused"])
+@pytest.mark.parametrize("pipeline", PIPELINES)
 def test_multi_output_node_answers_to_node_colon_k_and_tensor_names(pipeline):
     from tvm_probe.reference.onnxruntime import onnxruntime_values
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+
+from tvm_probe.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import Probe
@@ -16,7 +18,6 @@ from tvm_probe.tolerance import Tolerance, within
 
 from fuzz_graphs import live_tensors
 
-PIPELINES = ["default", "fused"]
 TOL = Tolerance(1e-4, 1e-3)
 
 

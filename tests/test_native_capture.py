@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 from models import chained_matmuls
 from tvm_probe import Probe, ProbeError
 from tvm_probe.capture import INSTRUMENT_ENV, CapturePlan, DebugExecutor
@@ -41,7 +43,7 @@ def tree(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module", params=["default", "fused"])
+@pytest.fixture(scope="module", params=PIPELINES)
 def pair(request, bert_model):
     """The demo BERT compiled once per pipeline, with a native and a Python probe on it."""
     mp = pytest.MonkeyPatch()

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-MODULE_PATH = Path(__file__).resolve().parents[1] / "tvm_probe" / "store" / "paramdict.py"
-
-
-def _load_module():
-    """Import paramdict.py from its file, independent of the package __init__ files."""
-    name = "_paramdict_under_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, MODULE_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-pd = _load_module()
+import tvm_probe.store.paramdict as pd  # noqa: E402
 ParamDictError = pd.ParamDictError
 
 try:
@@ -84,10 +67,8 @@ def _small_dict() -> dict[str, np.ndarray]:
 
 def test_import_does_not_pull_in_tvm():
     code = (
-        "import importlib.util, json, sys\n"
-        f"spec = importlib.util.spec_from_file_location('pdict', {str(MODULE_PATH)!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['pdict'] = m\n"
-        "spec.loader.exec_module(m)\n"
+        "import json, sys\n"
+        "import tvm_probe.store.paramdict as m\n"
         "m.loads(m.dumps({'x': __import__('numpy').ones(3)}))\n"
         "roots = {k.split('.')[0] for k in sys.modules}\n"
         "print(json.dumps(sorted(roots & {'tvm', 'tvm_ffi'})))\n"
@@ -101,11 +82,9 @@ def test_bfloat16_without_ml_dtypes_indexes_but_refuses_to_decode(tmp_path):
     path = tmp_path / "bf16.params"
     pd.save(path, {"x": np.ones(3, ml_dtypes.bfloat16), "y": np.ones(2, np.int8)})
     code = (
-        "import importlib.util, sys\n"
+        "import sys\n"
         "sys.modules['ml_dtypes'] = None  # makes 'import ml_dtypes' fail\n"
-        f"spec = importlib.util.spec_from_file_location('pdict', {str(MODULE_PATH)!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['pdict'] = m\n"
-        "spec.loader.exec_module(m)\n"
+        "import tvm_probe.store.paramdict as m\n"
         f"data = open({str(path)!r}, 'rb').read()\n"
         "print([(e.name, e.dtype, e.nbytes) for e in m.read_index(data)])\n"
         "print(m.view(data, m.read_index(data)[1]).tolist())\n"

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_bugs import BUGS
 from tvm_probe import InputError
 from tvm_probe.reduce import (FILES, Checker, CompileFailure, ReduceError, Search, SubModels, TVMBuild,
-                              _Onnxruntime, _search, reduce)
+                              _onnxruntime, _search, reduce)
 from tvm_probe.reference.onnxruntime import onnxruntime_values
 from tvm_probe.tolerance import describe_defaults
 
@@ -143,7 +143,7 @@ def test_a_failure_that_never_reproduces_is_refused():
     graph = SubModels(model, {**inputs, **onnxruntime_values(model, inputs)})
     made_up = CompileFailure("compile", "InternalError", "Check failed: made up")
     with pytest.raises(ReduceError) as err:
-        _search(graph, Checker("llvm", "default", _Onnxruntime(), None), made_up, None)
+        _search(graph, Checker("llvm", "default", _onnxruntime(), None), made_up, None)
     assert str(err.value) == ("the failure does not reproduce on any sub-model, not even the whole model with "
                               "static input shapes: TVM: tvm.compile fails with InternalError: Check failed: made up")
 
@@ -152,7 +152,9 @@ def test_a_failure_that_never_reproduces_is_refused():
     (dict(inputs={}), InputError, "input 'x' is missing: the model takes x"),
     (dict(inputs={"x": 0, "y": 1}), InputError, "the model has no input 'y': it takes x"),
     (dict(reference="torch"), ReduceError,
-     "reference must be None or 'onnxruntime', a TVMBuild or {'tvm': {'target': ..., 'pipeline': ...}}, got 'torch'"),
+     "reference 'torch' cannot run ONNX models, which reduce carves: use onnxruntime or a TVM build"),
+    (dict(reference=3), ReduceError, "reference must be None, a reference name ('onnxruntime'), a TVMBuild or "
+                                     "{'tvm': {'target': ..., 'pipeline': ...}}, got 3"),
     (dict(reference={"tvm": {"pipline": "fused"}}), ReduceError,
      "reference {'tvm': {'pipline': 'fused'}} is not a build: give {'tvm': {'target': ..., 'pipeline': ...}}"),
 ])
@@ -306,3 +308,40 @@ def _isnan_model():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     return model, {"x": np.linspace(-1, 2, 8, dtype=np.float32).reshape(2, 4)}
+
+
+# ------------------------------------------------------------------ the repro.py template and failure identity
+def test_the_repro_template_is_a_runnable_script_in_the_package():
+    from tvm_probe.reduce import REPRO_TEMPLATE, repro_template
+
+    import tvm_probe
+
+    path = __import__("pathlib").Path(tvm_probe.__file__).parent / REPRO_TEMPLATE
+    text = repro_template()
+    assert text == path.read_text()
+    compile(text, str(path), "exec")  # valid Python as it stands, not only once filled in
+    assert _imported_packages(text) == {"sys", "pathlib", "numpy", "onnx", "onnxruntime", "tvm"}
+    # run as it stands (its placeholder settings), beside no model: it fails on the missing file
+    done = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "model.onnx" in done.stderr
+
+
+def test_a_written_repro_sets_every_setting():
+    _, result = _reduced("slice_empty_negative_step")
+    from tvm_probe.reduce import repro_script
+
+    script = repro_script(result)
+    assert "TARGET = 'llvm'\n" in script and "REFERENCE = None  # None: onnxruntime" in script
+    assert "$" not in script.split('"""')[1], "the docstring's placeholders are filled in"
+    assert "TOLERANCES = {" in script
+
+
+def test_same_compile_failure_up_to_numbers_only():
+    from tvm_probe.errors import failure_identity
+
+    a = CompileFailure("compile", "InternalError", "Check failed: lv12 at 0x7f00aa in src/relax/op.cc:81: ndim 3")
+    b = CompileFailure("compile", "InternalError", "Check failed: lv3 at 0x55bb in src/relax/op.cc:90: ndim 3")
+    assert a.same_as(b) and a.core == failure_identity("InternalError", b.message)
+    assert not a.same_as(CompileFailure("compile", "InternalError", "Check failed: lv3 dtype"))
+    assert not a.same_as(CompileFailure("compile", "ValueError", a.message))
+    assert not a.same_as(CompileFailure("import", "InternalError", a.message))

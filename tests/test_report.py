@@ -98,8 +98,8 @@ def test_nodes_table_extends_results_nodes(bert_probe, passing):
     kernels = table[table.op == "tvm_op"]
     assert (kernels.symbol != "").all() and kernels.time_us.notna().all()
     assert abs(kernels.time_share.sum() - 1.0) < 1e-6
-    assert set(table.status) <= {"passed", "not compared"} and "passed" in set(table.status)
-    assert set(table[table.op == "null"].status) == {"not compared"}  # inputs are not compared
+    assert set(table.status) <= {"passed", "unchecked"} and "passed" in set(table.status)
+    assert set(table[table.op == "null"].status) == {"unchecked"}  # inputs are not compared
 
 
 def test_compare_table_has_served_and_first_divergent(passing, failing):
@@ -114,7 +114,7 @@ def test_compare_table_has_served_and_first_divergent(passing, failing):
 
 def test_write_report_csvs_round_trip(bert_probe, passing, tmp_path):
     paths = report.write_report(tmp_path / "rep", bert_probe, passing)
-    assert {"nodes", "sources", "compare", "html", "dot"} <= set(paths) and ("svg" in paths) == HAS_DOT
+    assert {"nodes", "sources", "compare", "html", "dot", "svg"} <= set(paths)
     assert all(p.is_file() for p in paths.values())
     assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]  # no temporary leftovers
     nodes = pd.read_csv(paths["nodes"])
@@ -144,7 +144,7 @@ def test_html_is_self_contained_and_well_formed(bert_probe, passing, tmp_path):
     assert not re.search(r"<(script|link|img|iframe)\b", text)
     assert 'aria-label="max abs error per compared value"' in text
     assert 'aria-label="time per kernel call"' in text
-    assert checker.counts["svg"] == 2 + HAS_DOT  # both plots, and the graph when dot is installed
+    assert checker.counts["svg"] == 3  # both plots and the graph (Graphviz's, or drawn by tvm_probe without it)
 
 
 def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path):
@@ -152,10 +152,10 @@ def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path)
     node = bert_probe.sources_map[first.key].node_index
     dot = report.to_dot(bert_probe, failing)
     check_dot(dot, len(bert_probe.node_infos))
-    red = re.findall(rf'^  (n\d+) \[fillcolor="{report.FILL["divergent"]}"', dot, re.M)
+    red = re.findall(rf'^  (n\d+) \[fillcolor="{report.FILL["first divergent"]}"', dot, re.M)
     assert red == [f"n{node}"]
     table = report.nodes_table(bert_probe, failing)
-    assert table.loc[node, "status"] == "divergent" and table.loc[node, "max_abs"] >= 1.0 - 1e-6
+    assert table.loc[node, "status"] == "first divergent" and table.loc[node, "max_abs"] >= 1.0 - 1e-6
 
     text = report.write_report(tmp_path, bert_probe, failing, formats="html")["html"].read_text(encoding="utf-8")
     check_html(text)
@@ -169,7 +169,7 @@ def test_dot_parses_and_shortens_names(bert_probe, passing):
     dot = report.to_dot(bert_probe, passing)
     check_dot(dot, len(bert_probe.node_infos))
     assert "n0 [" in dot and "shape=ellipse" in dot and "shape=box" in dot
-    assert report.FILL["passed"] in dot and report.FILL["divergent"] not in dot
+    assert report.FILL["passed"] in dot and report.FILL["first divergent"] not in dot
     labels = re.findall(r"label=(.*)\];$", dot, re.M)  # label is each node's last attribute
     assert len(labels) == len(bert_probe.node_infos)
     assert not any("tf_bert_for_sequence_classification/" in label for label in labels)  # shortened
@@ -205,9 +205,10 @@ def test_without_graphviz_the_report_still_works(bert_probe, passing, tmp_path, 
     monkeypatch.setenv("PATH", "")
     assert report.render_svg("digraph g { a; }") is None
     paths = report.write_report(tmp_path, bert_probe, passing, formats=("graph", "html"))
-    assert set(paths) == {"dot", "html"}
+    assert set(paths) == {"dot", "svg", "html"}  # graph.svg drawn by tvm_probe's own layout
     text = paths["html"].read_text(encoding="utf-8")
-    assert check_html(text).counts["svg"] == 2 and "see graph.dot" in text
+    assert check_html(text).counts["svg"] == 3 and 'id="kernel-graph"' in text and "graph.dot" in text
+    assert paths["svg"].read_text(encoding="utf-8").count('class="node"') == len(bert_probe.node_infos)
 
 
 def test_report_from_a_dump_keeps_the_kernel_times(bert_probe, passing, tmp_path):

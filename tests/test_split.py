@@ -77,3 +77,41 @@ def test_bert_base_split_matches_the_whole():
     whole = Probe.from_onnx(model, pipeline="fused").run(inputs)
     assert MASK in plan.crossings[0]
     np.testing.assert_allclose(run_pipeline(plan, inputs)["logits"], whole["logits"], rtol=0, atol=1e-5)
+
+
+def _if_after_cut_model():
+    """``t = tanh(x)`` is read by the next stage only inside the branches of an If (then: ``t @ w``,
+    else: ``t * x``); the cut goes after ``relu``, which the If's condition reads."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    w = nh.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "w")
+    then_branch = h.make_graph([h.make_node("MatMul", ["t", "w"], ["then_out"], name="then_matmul")], "then", [],
+                               [h.make_tensor_value_info("then_out", T.FLOAT, [2, 4])])
+    else_branch = h.make_graph([h.make_node("Mul", ["t", "x"], ["else_out"], name="else_mul")], "else", [],
+                               [h.make_tensor_value_info("else_out", T.FLOAT, [2, 4])])
+    graph = h.make_graph([
+        h.make_node("Tanh", ["x"], ["t"], name="tanh"),
+        h.make_node("Relu", ["x"], ["r"], name="relu"),
+        h.make_node("ReduceSum", ["r"], ["s"], name="sum", keepdims=0),
+        h.make_node("Greater", ["s", "limit"], ["c"], name="big"),
+        h.make_node("If", ["c"], ["z"], name="branch", then_branch=then_branch, else_branch=else_branch),
+        h.make_node("Sigmoid", ["z"], ["out"], name="out"),
+    ], "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 4])], [h.make_tensor_value_info("out", T.FLOAT, [2, 4])],
+        initializer=[w, nh.from_array(np.array(2.0, np.float32), "limit")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_value_read_only_inside_an_if_crosses_the_cut():
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    model = _if_after_cut_model()
+    plan = split(model, ["relu"])
+    assert "t" in plan.crossings[0], "the If's branches read t: it must cross the cut"
+    assert "t" in plan.stages[0].outputs and "t" in plan.stages[1].inputs
+    for scale in (1.0, -1.0):  # both branches: sum(relu(x)) > 2, and == 0
+        x = (scale * (np.abs(np.random.default_rng(3).standard_normal((2, 4))) + 0.5)).astype(np.float32)
+        ref = onnxruntime_values(model, {"x": x}, ["out"])
+        np.testing.assert_allclose(run_pipeline(plan, {"x": x})["out"], ref["out"], rtol=1e-5, atol=1e-6)

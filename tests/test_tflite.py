@@ -11,12 +11,13 @@ installed), onnxruntime on the tf2onnx model (where names line up), TensorFlow's
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tvm_probe.schema import PIPELINES
 
 pytest.importorskip("tflite", reason="TVM's TFLite importer needs the 'tflite' package: "
                                      "pip install 'tvm_probe[tflite]'")
@@ -29,11 +30,10 @@ from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
 from tvm_probe.reference.tflite import compare_tf_names, tflite_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
 
-from conftest import run_python  # noqa: E402
+from conftest import run_cli, run_python  # noqa: E402
 
 MODELS = Path(__file__).parent / "tflite_models"
 NAMES = ["bert", "cnn"]
-PIPELINES = ["default", "fused"]
 ATOL = 1e-4
 
 
@@ -397,8 +397,7 @@ def test_tflite_config_with_tflite_reference_through_the_cli(tmp_path):
                       f"inputs:\n  input_ids: {{file: inputs.npz, key: input_ids}}\n"
                       f"  attention_mask: {{file: inputs.npz, key: attention_mask}}\n"
                       f"output: {{dump: dump}}\n")
-    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
-                         capture_output=True, text=True)
+    run = run_cli("run", str(config))
     # TVM keeps dims where FULLY_CONNECTED flattens: the interpreter comparison reports exactly those
     assert run.returncode == 1, run.stderr
     assert run.stdout.strip().splitlines()[-1].startswith("FAIL: 2 of 104 compared values out of tolerance; "
@@ -406,8 +405,69 @@ def test_tflite_config_with_tflite_reference_through_the_cli(tmp_path):
     assert load_dump(tmp_path / "dump").get("layer_._0/attention/self/key/BiasAdd").shape == (1, 8, 32)
     config.write_text(config.read_text().replace("reference: tflite", "reference: onnxruntime")
                       .replace("output: {dump: dump}\n", ""))
-    wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
-                           capture_output=True, text=True)
+    wrong = run_cli("run", str(config))
     assert wrong.returncode == 2
     assert wrong.stderr.strip().splitlines()[-1] == (f"tvm-probe: error: {config}:3: reference: 'onnxruntime' "
                                                      "cannot run a TFLite model: use reference: tflite")
+
+
+# -- signature names ---------------------------------------------------------------------------
+def _signed_bert() -> bytes:
+    """bert.tflite as a SavedModel conversion names it (tflite_models/signatures.py): inputs
+    ``serving_default_input_ids:0`` ..., output ``StatefulPartitionedCall:0``, keys in a signature."""
+    sys.path.insert(0, str(MODELS))
+    try:
+        from signatures import bert_with_signature
+    finally:
+        sys.path.remove(str(MODELS))
+    return bert_with_signature()
+
+
+@pytest.fixture(scope="module")
+def signed_bert() -> bytes:
+    pytest.importorskip("ai_edge_litert.schema_py_generated", reason="the signature is written with ai-edge-litert's "
+                                                                      "TFLite schema")
+    return _signed_bert()
+
+
+@pytest.fixture(scope="module")
+def signed_probe(signed_bert) -> Probe:
+    return Probe.from_tflite(signed_bert)  # names are the importer's: one pipeline is enough
+
+
+@pytest.mark.slow  # compiles the BERT (shared by the signature tests)
+def test_signature_keys_answer_as_names_and_feed_run(signed_probe):
+    inputs, _ = _tf("bert")
+    probe = signed_probe
+    assert [s.name for s in probe.inputs] == ["serving_default_input_ids:0", "serving_default_attention_mask:0"]
+    outputs = probe.run({"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]})
+    assert probe.resolve("logits") == "StatefulPartitionedCall:0"
+    assert probe.resolve("input_ids") == "serving_default_input_ids:0"
+    np.testing.assert_array_equal(probe.get("input_ids"), inputs["input_ids"])
+    np.testing.assert_array_equal(probe.get("logits"), outputs["StatefulPartitionedCall:0"])
+    # tensor names feed run() too, and give the same logits
+    probe.run({"serving_default_input_ids:0": inputs["input_ids"],
+               "serving_default_attention_mask:0": inputs["attention_mask"]})
+    np.testing.assert_array_equal(probe.get("logits"), outputs["StatefulPartitionedCall:0"])
+
+
+@pytest.mark.slow
+@needs_interpreter
+def test_signature_keys_equal_the_interpreters_signature_runner(signed_bert, signed_probe):
+    from ai_edge_litert.interpreter import Interpreter
+
+    inputs, _ = _tf("bert")
+    interp = Interpreter(model_content=signed_bert)
+    expected = interp.get_signature_runner("serving_default")(**inputs)["logits"]
+    signed_probe.run(inputs)
+    np.testing.assert_allclose(signed_probe.get("logits"), expected, atol=ATOL)
+    # our interpreter reference takes signature keys as well, and keys values by tensor name
+    reference = tflite_values(signed_bert, inputs, ["StatefulPartitionedCall:0"])
+    np.testing.assert_allclose(reference["StatefulPartitionedCall:0"], expected, atol=ATOL)
+
+
+@pytest.mark.slow  # compiles the BERT (shared by the signature tests)
+def test_an_input_given_by_key_and_by_name_is_refused(signed_probe):
+    inputs, _ = _tf("bert")
+    with pytest.raises(InputError, match="input 'serving_default_input_ids:0' is given twice"):
+        signed_probe.run({**inputs, "serving_default_input_ids:0": inputs["input_ids"]})

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_probe.schema import PIPELINES
+
 torch = pytest.importorskip("torch")
 
 from tvm_probe import AmbiguousNameError, ModelError, Probe, UnknownNameError, UnsupportedOpError  # noqa: E402
@@ -16,10 +18,9 @@ from tvm_probe.importer.torch import export_program, import_torch, node_keys  # 
 from tvm_probe.reference.torch import torch_values  # noqa: E402
 from tvm_probe.sources import Kind  # noqa: E402
 
-from conftest import run_python  # noqa: E402
+from conftest import run_cli, run_python  # noqa: E402
 from torch_models import eager_module_outputs, tiny_torch_bert, tiny_torch_cnn  # noqa: E402
 
-PIPELINES = ["default", "fused"]
 ATOL = 1e-4
 
 
@@ -152,9 +153,25 @@ def test_a_name_meaning_a_node_and_a_module_is_refused_and_both_are_reachable():
     np.testing.assert_allclose(probe.get("node:embedding"), lookup.numpy(), atol=1e-6)
     np.testing.assert_allclose(probe.get("module:embedding"), normed.numpy(), atol=1e-5)
     assert "module:embedding" in probe.find("embedding*")["other_names"].sum()
-    with pytest.raises(UnknownNameError, match=r"^'blocks.1' has no value: torch.export has no record of this "
-                                               r"module being called: its forward was called directly"):
-        probe.get("blocks.1")
+    with torch.no_grad():  # called through .forward: served all the same (issue 23)
+        np.testing.assert_allclose(probe.get("blocks.1"), module(ids).numpy(), atol=1e-5)
+
+
+class _Unused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_module_that_never_runs_says_so():
+    probe = Probe.from_torch(_Unused().eval(), (torch.randn(2, 4),))
+    probe.run(np.ones((2, 4), np.float32))
+    with pytest.raises(UnknownNameError, match=r"^'spare' has no value: torch.export recorded no op of this "
+                                               r"module: it did not run in forward"):
+        probe.get("spare")
 
 
 def test_dynamo_onnx_export_answers_to_module_paths(bert, tmp_path):
@@ -228,30 +245,86 @@ def test_importing_tvm_probe_does_not_import_torch():
 
 
 def test_torch_config_with_torch_reference_through_the_cli(tmp_path):
-    import subprocess
-    import sys
     from pathlib import Path
 
     factory = Path(__file__).parent / "torch_models.py"
     config = tmp_path / "torch.yaml"
     config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\npipeline: fused\nreference: torch\n"
                       f"output: {{dump: {tmp_path / 'dump'}}}\nsplit: {{cuts: [bmm]}}\n")
-    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
-                         capture_output=True, text=True)
+    run = run_cli("run", str(config))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1].startswith("all 141 compared values within tolerance; ")
     # the dump records the torch factory: compare reloads it and runs eager PyTorch
-    again = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "compare", str(tmp_path / "dump")],
-                           capture_output=True, text=True)
+    again = run_cli("compare", str(tmp_path / "dump"))
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().splitlines()[-1].startswith("all 141 compared values within tolerance; ")
-    split = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "split", str(config)],
-                           capture_output=True, text=True)
+    split = run_cli("split", str(config))
     assert split.returncode == 2 and split.stderr.strip().endswith(
         "split: cuts ONNX models into ONNX stages; this is a torch model: export it to ONNX first")
     config.write_text(f"model: {{torch: '{factory}:tiny_torch_bert'}}\nreference: onnxruntime\n")
-    wrong = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
-                           capture_output=True, text=True)
+    wrong = run_cli("run", str(config))
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == (f"tvm-probe: error: {config}:2: reference: 'onnxruntime' cannot run a "
                                     "PyTorch model: use reference: torch")  # said before compiling
+
+
+# -- issue 23 item 1: modules whose forward is called directly ----------------------------------
+def _assert_every_module_path_equals_eager(probe, expected: dict, label: str) -> None:
+    for path, value in expected.items():
+        np.testing.assert_allclose(probe.get(f"module:{path}"), value, atol=ATOL, err_msg=f"{label} {path}")
+
+
+@pytest.fixture(scope="module")
+def codertimo():
+    from handwritten_models import codertimo_bert
+
+    return codertimo_bert(layers=2, hidden=32)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_blocks_called_through_forward_answer_to_their_module_paths(codertimo, pipeline):
+    """``transformer.forward(x, mask)`` and ``self.attention.forward(...)``: export records no
+    module call, unless tvm_probe routes the direct call through the module (same computation)."""
+    from hf_models import eager_forward_outputs
+
+    module, args = codertimo
+    expected = eager_forward_outputs(module, args)
+    assert {"transformer_blocks.1", "transformer_blocks.0.attention"} <= set(expected)
+    probe = Probe.from_torch(module, args, pipeline=pipeline)
+    probe.run([a.numpy() for a in args])
+    _assert_every_module_path_equals_eager(probe, expected, pipeline)
+    # routing is undone after export: the instances have no forward of their own left
+    assert not [p for p, m in module.named_modules() if "forward" in m.__dict__]
+
+
+def test_dynamo_onnx_export_inside_visible_module_calls_names_the_blocks(codertimo, tmp_path):
+    pytest.importorskip("onnxscript")
+    from hf_models import eager_forward_outputs
+    from tvm_probe.importer.torch import visible_module_calls
+
+    module, args = codertimo
+    path = tmp_path / "codertimo.onnx"
+    with visible_module_calls(module):
+        torch.onnx.export(module, args, str(path), dynamo=True, verbose=False, input_names=["x", "segment"])
+    probe = Probe.from_onnx(path, pipeline="fused")
+    probe.run({"x": args[0].numpy(), "segment": args[1].numpy()})
+    expected = eager_forward_outputs(module, args)
+    blocks = [p for p in expected if p.startswith("transformer_blocks.") and p.count(".") <= 2
+              and not p.endswith("dropout")]
+    assert {"transformer_blocks.0", "transformer_blocks.1.attention"} <= set(blocks)
+    _assert_every_module_path_equals_eager(probe, {p: expected[p] for p in blocks}, "onnx")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_seed_bert_at_full_size_serves_every_module_path(pipeline):
+    """The 8-block, 256-wide codertimo BERT (the issue-17 size): every module path that runs."""
+    from handwritten_models import codertimo_bert
+    from hf_models import eager_forward_outputs
+
+    module, args = codertimo_bert(layers=8, hidden=256, heads=4, vocab=15, mask_style="eq0")
+    expected = eager_forward_outputs(module, args)
+    assert len([p for p in expected if p.count(".") == 1 and p.startswith("transformer_blocks.")]) == 8
+    probe = Probe.from_torch(module, args, pipeline=pipeline)
+    probe.run([a.numpy() for a in args])
+    _assert_every_module_path_equals_eager(probe, expected, pipeline)

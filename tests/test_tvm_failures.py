@@ -18,17 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tvm_probe.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import PipelineError, ProbeError
 from tvm_probe.build import compile_with_snapshots
 from tvm_probe.errors import ModelError, TVMCompileError, TVMError, TVMRunError
-from tvm_probe.failures import (CompileWarning, native_log_to_logging, release_native, run_failure,
-                                stack_origin, tvm_message)
+from tvm_probe.errors import tvm_message
+from tvm_probe.failures import CompileWarning, run_failure
+from tvm_probe.importer.torch import stack_origin
+from tvm_probe.native_log import native_log_to_logging, release_native
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.kernel_map import build_kernel_map
 
-PIPELINES = ["default", "fused"]
 POW_WARNING = ("Detected pow(x, y) where y >= 3, it is recommended to avoid this as it may lead to uninteded "
                "behaviors when x < 0. Perhaps with `x * x * x ...` or `pow(x, 2) * pow(x, 2) ...`.")
 GATHER_WARNING = "Fast mode segfaults when there are out-of-bounds indices. Make sure input indices are in bound"

@@ -18,8 +18,18 @@ from .errors import (  # noqa: E402  (version first: the dump writer records it)
     TVMCompileError, TVMError, TVMRunError, UnknownNameError, UnsupportedOpError, ValueUnavailableError,
 )
 
+#: What a user imports from ``tvm_probe``: the probe and dumps, comparison, references, errors.
+#: Everything here is loaded on first use (see __getattr__).
+_LAZY = {
+    "Probe": ".probe", "load_dump": ".store.dump", "compare": ".compare", "Comparison": ".compare",
+    "Status": ".compare", "Tolerance": ".tolerance", "Reference": ".reference",
+    "register_reference": ".reference", "get_reference": ".reference",
+    "onnxruntime_values": ".reference.onnxruntime", "torch_values": ".reference.torch",
+    "tflite_values": ".reference.tflite",
+}
+
 __all__ = [
-    "Probe", "load_dump", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
+    *_LAZY, "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
     "TVMBehaviourChanged", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
@@ -27,16 +37,10 @@ __all__ = [
 
 
 def __getattr__(name):  # lazy: keep `import tvm_probe` light
-    if name == "Probe":
-        from .probe import Probe
+    import importlib
 
-        return Probe
-    if name == "load_dump":
-        from .store.dump import load_dump
-
-        return load_dump
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     if name == "demo":
-        import importlib
-
         return importlib.import_module(".demo", __name__)
     raise AttributeError(f"module 'tvm_probe' has no attribute {name!r}")

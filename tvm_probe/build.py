@@ -16,7 +16,7 @@ Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are i
   ``main`` still binds each kernel call to a Var that the earlier snapshots share.  Its kernel
   calls, in order, are the kernel calls the VM makes.
 
-The same instrument records which pass runs when (:class:`~tvm_probe.failures.PassLog`), and
+The same instrument records which pass runs when (:class:`~tvm_probe.passes.PassLog`), and
 what TVM prints on stderr goes to ``logging``.  When a pass or the build fails, or TVM warns,
 :mod:`tvm_probe.failures` names the pass or kernel and the source ops concerned.
 """
@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from .errors import PipelineError, TVMCompileError, one_line
-from .failures import CompileWarning, PassLog, native_log_to_logging  # noqa: F401  (re-exported)
+from .device import device_for
+from .failures import CompileWarning
+from .passes import PassLog
+from .native_log import native_log_to_logging, release_native
+from .schema import DEFAULT_PIPELINE, PIPELINES
 
 log = logging.getLogger(__name__)
 
-PIPELINES = ("default", "fused")
 PipelineLike = Union[str, Any]  # a name from PIPELINES or a tvm.transform.Pass
 
 _CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
@@ -77,28 +80,6 @@ class BuiltModel:
             self._warnings = self.find_warnings() if self.find_warnings is not None else []
             self.find_warnings = None  # drop what it kept (modules, logs)
         return self._warnings
-
-
-def device_for(target):
-    """The TVM device (index 0) that code built for ``target`` runs on."""
-    import tvm
-
-    kind = str(target.kind.name)
-    return tvm.device({"llvm": "cpu", "c": "cpu", "nvptx": "cuda"}.get(kind, kind), 0)
-
-
-_DL_CPU = 1  # DLPack's kDLCPU
-_RPC_SESS_MASK = 128  # tvm.rpc.base.RPC_SESS_MASK: added to the device type of a remote device
-
-
-def device_type(device) -> int:
-    """DLPack device type of ``device``, without the mask a device of an RPC session carries."""
-    return device.dlpack_device_type() % _RPC_SESS_MASK
-
-
-def on_host(device) -> bool:
-    """Whether ``device`` is a CPU (of this machine, or of a remote one)."""
-    return device_type(device) == _DL_CPU
 
 
 def parse_target(target) -> Any:
@@ -198,7 +179,7 @@ def _context_with(instrument=None):
         disabled_pass=list(cur.disabled_pass), instruments=instruments, config=dict(cur.config))
 
 
-def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", imported=None) -> BuiltModel:
+def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE, imported=None) -> BuiltModel:
     """Run ``pipeline`` on ``mod`` for ``target`` once, keep snapshots, build the result.
 
     Args:
@@ -231,7 +212,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = "default", impo
         except Exception as err:
             with settings:
                 error = failures.pipeline_failure(err, passes, target, label, imported, snaps)
-            failures.release_native(err)  # what TVM logs as its objects go is logged here
+            release_native(err)  # what TVM logs as its objects go is logged here
     if error is not None:
         failures.log_details(error)
         raise _with_shape_hint(error, imported)
@@ -277,14 +258,14 @@ def _build(lowered, target, snaps: Snapshots, imported, settings):
         except Exception as err:
             with settings:
                 error = failures.build_failure(err, lowered, target, snaps, imported)
-            failures.release_native(err)
+            release_native(err)
     if error is not None:
         failures.log_details(error)
         raise error
     return executable, build_log
 
 
-def compile_plain(mod, target, pipeline: PipelineLike = "default"):
+def compile_plain(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE):
     """What a user without tvm_probe deploys: ``tvm.compile`` with the same pipeline."""
     import tvm
 

@@ -59,9 +59,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .build import device_type, on_host
+from .device import device_type, on_host
 from .errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from .failures import log_details, run_failure
+from .kernel_hook import HOOK, HookedRun, HookedVM, hookable, host_copy, symbols_to_hook
 from .kernel_map import ArgKind, KernelMap, PlaceKind
 from . import native
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
@@ -163,6 +164,7 @@ class Capture:
     copied_bytes: int = 0
     input_us: list[float] = field(default_factory=list)
     output_us: list[float] = field(default_factory=list)
+    returned: object = None  # what the VM function returned (``DebugExecutor.run(..., raw=True)``)
 
 
 def _flatten(value) -> list:
@@ -186,10 +188,13 @@ class DebugExecutor:
             takes); the executable is uploaded now.
         sync: synchronize the device around every kernel call (device times); defaults to True
             on any device but the CPU.
+        function: the VM function to run (multi-function executables: one executor per
+            function, all sharing one VM, see :meth:`share_vm`).  Defaults to ``"main"``.
     """
 
     def __init__(self, built, kernel_map: KernelMap, instrument: str | None = None, sources=None,
-                 remote=None, sync: bool | None = None):
+                 remote=None, sync: bool | None = None, function: str = "main"):
+        self.function = function
         self.kernel_map = self._km = kernel_map
         self.sources = sources
         self._built = built
@@ -207,6 +212,11 @@ class DebugExecutor:
         self._installed = None  # the instrument the VM holds now
         self.instrument, self.fallback_reason = PYTHON, None
         self._native: _NativeExecutor | None = None
+        # runs observing a few kernels go through a VM hooking only those (see run())
+        self._hooked: dict[frozenset[str], HookedVM] = {}
+        self._hook_of: dict[CapturePlan, HookedVM | None] = {}  # per plan: its hooked VM, or None
+        self._hook_allowed = choice == "auto" and hookable(kernel_map)
+        self._validated = False  # an instrumented run checked the call sequence
         if self.remote is not None:
             self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
             self._generation = self.remote.generation  # the connection the sessions were opened on
@@ -251,6 +261,13 @@ class DebugExecutor:
 
     def _native_impossible(self) -> str | None:
         """Why this model cannot be captured by the native instrument (None: it can)."""
+        static = not any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes for d in shape)
+        if static and self._km.helper_symbols and set(self._km.helper_symbols) <= set(self._km.fixed_helpers):
+            return None  # helpers called a fixed number of times: the plan times them as sites of their own
+        if static and self._km.helper_symbols:
+            # kernels called inside If branches (kernel_map.BranchCalls): the native plan
+            # knows call sites only
+            return "the model calls kernels inside If branches: the native instrument knows call sites only"
         if self._km.helper_symbols or any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes
                                           for d in shape):
             # symbolic shapes: outputs change size from run to run, and lowering adds kernels
@@ -300,6 +317,9 @@ class DebugExecutor:
         tensors = []
         for a in arrays:
             t0 = time.perf_counter()
+            if not isinstance(a, np.ndarray):  # a VM object, shape, tuple or device tensor: as it is
+                tensors.append(a)
+                continue
             tensors.append(self.remote.to_device(a) if self.remote is not None else tvm.runtime.tensor(a, self._device))
             if times is not None:
                 times.append((time.perf_counter() - t0) * 1e6)
@@ -316,23 +336,38 @@ class DebugExecutor:
 
         return Recomputer(self._built.target, groups)
 
-    def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None) -> Capture:
-        """Run once with the instrument; return what ``plan`` asked to copy.
+    def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None, raw: bool = False,
+            kernel_times: bool | None = None, observer=None) -> Capture:
+        """Run once; return what ``plan`` asked to copy.
+
+        Through TVM's instrument (every kernel call timed), unless the run needs no more than a
+        few kernels observed and ``kernel_times`` is not True: then through a VM in which only those
+        kernels are wrapped (:mod:`tvm_probe.kernel_hook`; no per-kernel times), which costs a
+        plain run almost nothing.  A probe's first run always uses the instrument: it checks
+        every kernel call against the kernel map.  ``observer``, a user's
+        :class:`~tvm_probe.instrument.Instrument`, is called around every kernel call (the Python
+        instrument runs then).
 
         ``sink(node, outputs)``, when given, receives each copied node's outputs instead of the
         returned Capture (so they can go to disk at once and not accumulate in memory).
+        With ``raw``, ``inputs`` may hold anything the VM function takes (arrays are copied to
+        the device, the rest passed as is) and the function's result is kept as it is
+        (:attr:`Capture.returned`), not copied to numpy.
 
         Raises:
             TVMRunError: the VM raised; the error names the kernel call it was running and its
                 source ops (``err.failure``), with TVM's message.
             RemoteError: the remote device was lost (a TVMRunError: nothing of the run is kept).
         """
+        hooked = self._hooked_vm(plan) if not kernel_times and observer is None else None
+        if hooked is not None:
+            return self._run_hooked(hooked, inputs, plan, sink, raw)
         self._prepare()
-        capture = Capture(inputs=inputs, instrument=self.instrument)
-        if self._native is not None:
+        capture = Capture(inputs=inputs, instrument=self.instrument if observer is None else PYTHON)
+        if self._native is not None and observer is None:
             calls = self._native.calls(self, plan, capture, sink)
         else:
-            calls = _Calls(self, capture, plan, sink)
+            calls = _Calls(self, capture, plan, sink, observer)
         try:
             device_inputs = self.to_device(inputs, capture.input_us)
             with calls:
@@ -341,11 +376,69 @@ class DebugExecutor:
                 if self.sync and self.remote is None:  # (remotely the instrument synced after the last kernel)
                     self._device.sync()
                 capture.total_us = (time.perf_counter() - t0) * 1e6
-            capture.result = self._fetch_outputs(result, capture.output_us)
+            if raw:
+                capture.returned = result
+            else:
+                capture.result = self._fetch_outputs(result, capture.output_us)
             calls.fetch()
         except Exception as err:
             self._raise_failure(err, calls)
         calls.finish()
+        self._validated = True
+        return capture
+
+    def _hooked_vm(self, plan: CapturePlan):
+        """The VM that observes only the kernels ``plan`` needs, or None: the run needs TVM's
+        instrument (see :meth:`run`)."""
+        if not self._hook_allowed or not self._validated:
+            return None
+        if plan in self._hook_of:
+            return self._hook_of[plan]
+        symbols = symbols_to_hook(self._km, plan) if self.remote is None and on_host(self._device) else None
+        if symbols is not None and symbols not in self._hooked:
+            if len(self._hooked) >= _MAX_PLANS:
+                self._hooked.clear()
+                self._hook_of.clear()
+            all_symbols = ({s.symbol for s in self._km.sites if not s.is_view} | set(self._km.helper_symbols)
+                           | self._other_kernels())
+            try:
+                self._hooked[symbols] = HookedVM(self._built.executable, self._device, all_symbols, symbols, self._km)
+            except LookupError as err:  # a kernel the library does not have under its name
+                log.info("runs observing few kernels use the instrument: %s", err)
+                self._hook_allowed = False
+                return None
+        self._hook_of[plan] = self._hooked.get(symbols) if symbols is not None else None
+        return self._hook_of[plan]
+
+    def _other_kernels(self) -> set[str]:
+        """Kernels of the executable's other functions (a multi-function executable): the VM
+        resolves every function's kernels when it is made, so a hooked VM must register them too."""
+        whole = getattr(self._built.snapshots, "whole_final", None)
+        if whole is None:
+            return set()
+        return {gv.name_hint for gv, f in whole.functions.items() if type(f).__name__ == "PrimFunc"}
+
+    def _run_hooked(self, vm: HookedVM, inputs, plan: CapturePlan, sink, raw: bool) -> Capture:
+        capture = Capture(inputs=inputs, instrument=HOOK)
+        run = HookedRun(vm, plan, capture, sink)
+        device_inputs = self.to_device(inputs, capture.input_us)
+        try:
+            with run:
+                t0 = time.perf_counter()
+                result = vm[self.function](*device_inputs)
+                capture.total_us = (time.perf_counter() - t0) * 1e6
+        except KeyboardInterrupt:
+            raise
+        except Exception:
+            # the hooked VM does not know which kernel failed: the instrument names it
+            self._hooked.clear()
+            self._hook_of.clear()
+            return self.run(inputs, plan, sink, raw, kernel_times=True)
+        if raw:
+            capture.returned = result
+        else:
+            capture.result = self._fetch_outputs(result, capture.output_us)
+        run.finish()
         return capture
 
     def _prepare(self) -> None:
@@ -358,7 +451,17 @@ class DebugExecutor:
                                                sync_device=self._sync_device())
                 self._generation, self._installed = self.remote.generation, None
         if self.remote is None and self._main is None:
-            self._main = self.vm["main"]
+            self._main = self.vm[self.function]
+
+    def share_vm(self, other: "DebugExecutor") -> None:
+        """Run in ``other``'s VM (one VM for all functions of an executable: objects such as a
+        KV cache made by one function are used by the next).  The VM holds one instrument at a
+        time, so whoever runs next installs its own (:meth:`forget_instrument`)."""
+        self._vm = other.vm
+
+    def forget_instrument(self) -> None:
+        """The VM's instrument may be another executor's now: install ours at the next run."""
+        self._installed = None
 
     @staticmethod
     def _fetch_outputs(result, times: list[float]) -> list[np.ndarray]:
@@ -418,13 +521,25 @@ class _Calls:
     decides whether a call is a kernel at all.  ``with calls:`` wraps the VM run.
     """
 
-    def __init__(self, executor: DebugExecutor, capture: Capture, plan: CapturePlan, sink=None):
+    def __init__(self, executor: DebugExecutor, capture: Capture, plan: CapturePlan, sink=None, observer=None):
         km = executor.kernel_map
+        self.observer = observer
+        if observer is not None:
+            observer.reset()
         self.executor, self.capture, self.plan = executor, capture, plan
         self.store = sink or capture.outputs.__setitem__
-        self.sites_of: dict[str, list] = {}
+        self.sites_of: dict[str, list] = {}  # symbol → its sites by occurrence (None: a call inside an If)
         for site in km.sites:
             self.sites_of.setdefault(site.symbol, []).append(site)
+        branches = km.branches
+        if branches is not None and branches.occurrences:
+            for symbol in set(self.sites_of) | set(branches.occurrences):
+                inside = branches.occurrences.get(symbol, ())
+                by_occurrence = [None] * (len(self.sites_of.get(symbol, ())) + len(inside))
+                for site in self.sites_of.get(symbol, ()):
+                    by_occurrence[site.occurrence] = site
+                self.sites_of[symbol] = by_occurrence
+        self.open_symbols = branches.open_symbols if branches is not None else set()
         self.km = km
         self.seen: dict[str, int] = dict.fromkeys(self.sites_of, 0)
         self.called: set[int] = set()
@@ -491,13 +606,18 @@ class _Calls:
             occurrence = self.seen[symbol]
             self.seen[symbol] = occurrence + 1
             if occurrence >= len(sites):  # a view too: those before it would be matched wrongly
-                self.unexpected.append(f"{symbol}#{occurrence}")
+                if symbol not in self.open_symbols:  # (calls after an If that unbalances them match nothing)
+                    self.unexpected.append(f"{symbol}#{occurrence}")
                 return 0
             site = sites[occurrence]
+            if site is None:  # a call inside an If branch: no call site
+                return 0
             if site.index in self.plan.untracked_inputs:
                 self.capture.untracked_inputs[site.index] = {
-                    j: args[j].numpy() for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
+                    j: host_copy(args[j]) for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
             self.running = site.index
+            if self.observer is not None:
+                self.observer.before_call(self._kernel_call(site, args))
             if self.sync is not None:
                 self.sync()  # what was launched before is not this call's time
             self.t_call = time.perf_counter()
@@ -507,16 +627,31 @@ class _Calls:
         t_end = time.perf_counter()
         self.running = None
         occurrence = self.seen[symbol] - 1
-        if occurrence >= len(sites):
+        if occurrence >= len(sites) or sites[occurrence] is None:
             return 0
         site = sites[occurrence]
         self.capture.time_us[site.index] = (t_end - self.t_call) * 1e6
         self.capture.start_us[site.index] = (self.t_call - self.t_start) * 1e6
         self.called.add(site.index)
-        if self.plan.wants_output(site.index):
+        if self.plan.wants_output(site.index) or self.observer is not None:
             outs = [ret_value] if site.is_view else args[site.num_inputs: site.num_inputs + site.num_outputs]
-            self.store(site.index, [o.numpy() for o in outs])
+            if self.plan.wants_output(site.index):
+                self.store(site.index, [o.numpy() for o in outs])
+            if self.observer is not None:
+                self.observer.after_call(self._kernel_call(site, args, list(outs), self.capture.time_us[site.index]))
         return 0
+
+    def _kernel_call(self, site, args, outputs=(), time_us=None):
+        """What a user's instrument sees of a call (see :mod:`tvm_probe.instrument`)."""
+        from .instrument import KernelCall
+
+        sources = self.executor.sources
+        name = (lambda k: sources[k].display_name) if sources is not None else str
+        return KernelCall(site=site.index, symbol=site.symbol, occurrence=site.occurrence,
+                          names=[[name(k) for k in keys] for keys in site.output_keys],
+                          interior=[name(k) for k in site.interior_keys],
+                          inputs=list(args[: site.num_inputs]) if not site.is_view else list(args),
+                          outputs=list(outputs), time_us=time_us)
 
     def finish(self) -> None:
         missing = [s for s in self.km.sites if s.index not in self.called and not s.is_view]
@@ -582,6 +717,11 @@ class _NativePlan:
                 self.untracked[s.index] = tuple(j for j, a in enumerate(s.args) if a.kind == ArgKind.UNTRACKED)
             sites.append(native.NativeSite(s.symbol, s.is_view, s.num_inputs, action,
                                            self.untracked.get(s.index, ()), tuple(slots)))
+        # helpers lowering added, called a fixed number of times a run (kernel_map.fixed_helpers):
+        # sites of the plan after the map's own, timed only, so that the instrument expects them
+        for symbol, count in getattr(km, "fixed_helpers", {}).items():
+            sites += [native.NativeSite(symbol, False, 0)] * count
+        self.num_native_sites = len(sites)
         self.session = lib.open(native.encode_plan(sites, offset, sync_device=sync_device))
         self.instrument = self.session.instrument()
         self.own_arena = not lib.can_call_back  # remote: the session's own arena, downloaded
@@ -661,7 +801,7 @@ class _NativeCalls:
         """The first kernel call that did not finish, and False: the instrument times calls when
         they end, so the VM may have raised in a builtin just before that call."""
         durations = self.prepared.session.times[1]
-        if len(durations) != len(self.prepared.sites):  # a remote session that could not be read
+        if len(durations) != self.prepared.num_native_sites:  # a remote session that could not be read
             return None, False
         return next((s.index for s in self.prepared.sites if not s.is_view and durations[s.index] != durations[s.index]),
                     None), False
@@ -677,7 +817,7 @@ class _NativeCalls:
         """Bring back what the session kept instead of handing it over during the run (a remote
         session: the arena of copied outputs, the untracked inputs); all of it, or an error."""
         prepared, session = self.prepared, self.prepared.session
-        if session.times.shape[1] != len(prepared.sites):  # a remote session end() could not read
+        if session.times.shape[1] != prepared.num_native_sites:  # a remote session end() could not read
             raise TVMRunError("the capture session's times and counts could not be read back: nothing of this "
                               "run is kept")
         if prepared.own_arena and prepared.arena_bytes:

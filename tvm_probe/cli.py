@@ -10,6 +10,8 @@
     tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
     tvm-probe reduce CONFIG -o DIR              smallest sub-model that still fails: a TVM bug report
     tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
+    tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
+    tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.investigate` and the stage modules; the exit statuses in
@@ -99,9 +101,9 @@ def _parser() -> argparse.ArgumentParser:
                                 "and verify the chained stages",
                   description="Cut the model where the config's 'split' key says, export every value that "
                               "crosses a cut, compile each stage, and check that the chained stages reproduce "
-                              "the whole model (max abs difference <= --atol).")
+                              "the whole model (within the tolerance, as 'compare' judges).")
     _config_arguments(spl)
-    spl.add_argument("--atol", type=float, default=1e-5, help="allowed difference (default: 1e-5)")
+    _tolerance_arguments(spl)
     red = command("reduce", help="reduce a model TVM gets wrong to the smallest sub-model that still fails, "
                                  "written as a standalone reproduction for a TVM bug report",
                   description="Find the smallest ONNX sub-model on which the config's TVM build still diverges "
@@ -119,12 +121,17 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
     srv.add_argument("--key", default="", help="the device key clients ask the tracker for")
     srv.add_argument("--custom-addr", help="the address to report to the tracker (default: the one it sees)")
+    _view_arguments(command)
+    _precision_arguments(command)
     return p
 
 
 def _tolerance_arguments(parser) -> None:
-    parser.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype, 1e-4 for float32)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype, 1e-3 for float32)")
+    from .tolerance import default_tolerance
+
+    f32 = default_tolerance("float32")
+    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: by dtype, {f32.atol:g} for float32)")
+    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: by dtype, {f32.rtol:g} for float32)")
 
 
 def _config_arguments(parser) -> None:
@@ -140,6 +147,10 @@ def _cmd_run(args, progress) -> int:
 
     overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
     outcome = investigate(load_config(args.config, overrides), progress)
+    if hasattr(outcome, "generation"):  # generate: (tvm_probe.hf): per step, not per value
+        for line in outcome.lines():
+            print(line)
+        return outcome.exit_code
     probe = outcome.probe
     served = probe.sources["served"].value_counts()
     print(f"{len(probe.node_infos)} graph nodes; source values: " + ", ".join(f"{k} {v}" for k, v in served.items()))
@@ -191,7 +202,7 @@ def _cmd_get(args, progress) -> int:
 
 
 def _cmd_compare(args, progress) -> int:
-    from .investigate import compare_dump
+    from .dump_reference import compare_dump
     from .store.dump import load_dump
 
     reader = load_dump(args.dump)
@@ -244,7 +255,7 @@ def _cmd_split(args, progress) -> int:
     from .investigate import split_investigation
 
     config = load_config(args.config, args.overrides)
-    outcome = split_investigation(config, args.atol, progress)
+    outcome = split_investigation(config, args.atol, args.rtol, progress)
     if outcome.evenness is not None:
         print(f"proposed cuts after {', '.join(outcome.cuts)} (slowest stage / mean = {outcome.evenness:.2f})")
     table, stages = outcome.plan.table(), outcome.plan.stage_table()
@@ -256,7 +267,8 @@ def _cmd_split(args, progress) -> int:
         stages.to_csv(config.output.report / "split_stages.csv", index=False)
         print(f"plan: {config.output.report / 'split_plan.csv'}")
     verb = "match" if outcome.exit_code == Exit.OK else "DO NOT match"
-    print(f"chained stages {verb} the whole model: max abs difference {outcome.max_difference:.3g}")
+    print(f"chained stages {verb} the whole model: max abs difference {outcome.max_difference:.3g} "
+          f"({outcome.tolerance_rule})")
     return outcome.exit_code
 
 
@@ -282,8 +294,78 @@ def _cmd_serve(args, progress) -> int:
     return Exit.OK
 
 
+# -- tvm-probe view (tvm_probe/view.py) ----------------------------------------------------------
+def _view_arguments(command) -> None:
+    view = command("view", help="look at a dump in Google's Model Explorer: the source graph with each value's "
+                                "error, and the kernels TVM fused (needs tvm_probe[view])",
+                   description="Serve Model Explorer on localhost with the source model the dump records (its "
+                               "errors against the reference, how each value is served, the kernel computing it "
+                               "and its time, as per-node overlays) and a graph of the compiled module, each fused "
+                               "kernel call a group holding its source ops.  --export writes the same as Model "
+                               "Explorer JSON files instead.")
+    view.add_argument("dump", type=Path)
+    view.add_argument("--model", type=Path, help="the source model (default: the one the dump records)")
+    view.add_argument("--port", type=int, help="port to serve on (default: the first free one from 8080)")
+    view.add_argument("--host", default="localhost", help="address to serve on (default: localhost)")
+    view.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
+    view.add_argument("--export", type=Path, metavar="DIR", help="write Model Explorer JSON files to DIR; no server")
+    view.add_argument("--overwrite", action="store_true", help="with --export: replace a non-empty DIR")
+    _tolerance_arguments(view)
+
+
+def _cmd_view(args, progress) -> int:
+    from .store.dump import load_dump
+    from .view import _model_explorer, export, reference_comparison, view
+
+    _model_explorer()  # a missing extra is said before any work
+    reader = load_dump(args.dump)
+    with progress.stage("compare"):
+        comparison = reference_comparison(reader, args.model, args.atol, args.rtol)
+    if args.export is not None:
+        files = export(reader, args.export, comparison, args.model, overwrite=args.overwrite)
+        print(f"view files: {files.folder}; to load them by hand:")
+        for line in files.commands:
+            print(f"  {line}")
+        return Exit.OK
+    view(reader, comparison, args.model, host=args.host, port=args.port, open_browser=not args.no_browser)
+    return Exit.OK
+
+
+# -- tvm-probe precision (tvm_probe/precision.py) ------------------------------------------------
+def _precision_arguments(command) -> None:
+    prec = command("precision", help="find the ops to keep in fp32 so that an fp16 build meets the tolerance; "
+                                     "write DIR/precision.yaml",
+                   description="Build the model in fp16 (TVM's ToMixedPrecision), rank its source ops by the error "
+                               "each adds by itself, and find a small set to keep in fp32 such that the outputs meet "
+                               "the tolerance (default: float16's, against the config's reference, else the fp32 "
+                               "build): every candidate is rebuilt and checked.  Writes DIR/precision.yaml (a "
+                               "'precision:' key for the config), ranking.csv and precision.html.  Exit 0 when a "
+                               "set was found, 1 when even every op in fp32 fails.", epilog=EXIT_HELP)
+    _config_arguments(prec)
+    prec.add_argument("-o", "--output", type=Path, required=True, help="folder for precision.yaml and the ranking")
+    prec.add_argument("--overwrite", action="store_true", help="replace an existing precision.yaml")
+    prec.add_argument("--atol", type=float, help="absolute tolerance of the outputs (default: float16's, 5e-3)")
+    prec.add_argument("--rtol", type=float, help="relative tolerance of the outputs (default: float16's, 5e-3)")
+
+
+def _cmd_precision(args, progress) -> int:
+    from .config import load_config
+    from .investigate import precision_investigation
+
+    outcome = precision_investigation(load_config(args.config, args.overrides), args.output, args.atol, args.rtol,
+                                      args.overwrite, progress)
+    for line in outcome.search.lines():
+        print(line)
+    for kind, path in outcome.files.items():
+        print(f"{kind}: {path}")
+    return outcome.exit_code
+
+
 _COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
-             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split, "serve": _cmd_serve}
+             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split, "serve": _cmd_serve, "view": _cmd_view}
+
+
+_COMMANDS["precision"] = _cmd_precision
 
 
 def main(argv=None) -> int:
@@ -333,7 +415,7 @@ def _error(message: str, status: Exit, err: BaseException | None = None) -> Exit
     importer's BlockBuilder logs "destroyed with remaining blocks!" when freed, and that belongs
     in the log (-v), not after the line on stderr."""
     if err is not None:
-        from .failures import native_log_to_logging, release_native
+        from .native_log import native_log_to_logging, release_native
 
         with native_log_to_logging():
             release_native(err)

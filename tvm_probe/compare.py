@@ -20,13 +20,27 @@ reference's — TVM adding them or dropping them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable, Mapping
 
 import numpy as np
 
 from .errors import ProbeError
 from .sources import Kind, Served
-from .tolerance import Tolerance, default_tolerance, within
+from .tolerance import Tolerance, default_tolerance, tolerance_of, within
+
+
+class Status(str, Enum):
+    """The verdict words, for a value and (in reports) for a node holding values."""
+
+    PASSED = "passed"
+    DIVERGED = "diverged"
+    FIRST_DIVERGENT = "first divergent"  # the value (or node) where divergence starts
+    UNCHECKED = "unchecked"              # asked for, not compared (it says why)
+    DEAD = "dead code"                   # no model output depends on it: never computed
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -88,10 +102,10 @@ class Comparison:
         """DataFrame: one row per value asked about, in source order, with its ``status``."""
         import pandas as pd
 
-        rows = [{**v.__dict__, "status": "passed" if v.passed else "diverged"} for v in self.values]
-        rows += [{"key": k, "name": self.names.get(k, k), "status": "unchecked", "note": why}
+        rows = [{**v.__dict__, "status": (Status.PASSED if v.passed else Status.DIVERGED).value} for v in self.values]
+        rows += [{"key": k, "name": self.names.get(k, k), "status": Status.UNCHECKED.value, "note": why}
                  for k, why in self.unchecked.items()]
-        rows += [{"key": k, "name": name, "status": "dead code",
+        rows += [{"key": k, "name": name, "status": Status.DEAD.value,
                   "note": "no model output depends on it: the compiled model need not compute it"}
                  for k, name in self.dead.items()]
         columns = [f for f in ValueComparison.__dataclass_fields__] + ["status"]
@@ -255,8 +269,7 @@ def compare(results, reference, atol: float | None = None,
             out.unchecked[value.key] = f"not served: {err}"
             continue
         tol = (tolerance_for(value.names) if tolerance_for else None) or (
-            Tolerance(atol if atol is not None else default_tolerance(ref.dtype).atol,
-                      rtol if rtol is not None else default_tolerance(ref.dtype).rtol))
+tolerance_of(ref.dtype, atol, rtol))
         dtypes.add(str(ref.dtype))
         out.add(compare_arrays(value.key, value.display_name, value.served.value if value.served else "",
                                got, ref, tol))

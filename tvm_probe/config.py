@@ -5,6 +5,8 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
                 |  {tflite: PATH, shapes: {input: [dims]}}
                 |  {torch: "FILE.py:FUNCTION" or "package.module:FUNCTION"}  (returns (module, example_inputs))
+                |  {hf: "FILE.py:FUNCTION"}  (returns a transformers *ForCausalLM; needs generate:)
+    generate:   {prompt: [ids] | random, steps: N, seed: S, length: L}   (model: {hf: ...} only)
     inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
     target:     llvm
     pipeline:   default | fused
@@ -18,6 +20,7 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     verify:     false | true   (check every served value against an independent unfused build)
     import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
     remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
+    precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.precision)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -34,11 +37,10 @@ from typing import Any
 import numpy as np
 
 from .errors import ProbeError
-from .schema import PIPELINES, REFERENCES, REPORT_FORMATS, name_matches
+from .reference import get_reference, reference_for, reference_names
+from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, ModelKind, name_matches
 from .tolerance import Tolerance
 
-DEMO_SIZES = ("num_layers", "hidden", "heads", "intermediate", "seq_len", "vocab", "num_labels",
-              "batch", "seed")
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
@@ -55,13 +57,26 @@ class ModelSpec:
     shapes: dict = field(default_factory=dict)
     torch: str | None = None   # "file.py:function" (resolved path) or "package.module:function"
     tflite: Path | None = None
+    hf: str | None = None      # "file.py:function" returning a transformers *ForCausalLM (issue 24)
 
     def load_torch(self):
         """``(module, example_inputs)`` from the factory this spec names (a torch model)."""
+        result = self._factory(self.torch, "torch")()
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(f"model.torch: {self.torch!r} must return (module, example_inputs), "
+                              f"got {type(result).__name__}")
+        return result
+
+    def load_hf(self):
+        """The transformers causal LM the ``hf`` factory returns."""
+        return self._factory(self.hf, "hf")()
+
+    @staticmethod
+    def _factory(name: str, key: str):
         import importlib
         import importlib.util
 
-        where, _, func = self.torch.rpartition(":")
+        where, _, func = name.rpartition(":")
         try:
             if where.endswith(".py"):
                 spec = importlib.util.spec_from_file_location(Path(where).stem, where)
@@ -69,21 +84,18 @@ class ModelSpec:
                 spec.loader.exec_module(module)
             else:
                 module = importlib.import_module(where)
-            factory = getattr(module, func)
+            return getattr(module, func)
         except Exception as err:
-            raise ConfigError(f"model.torch: cannot load {self.torch!r} ({type(err).__name__}: {err}): "
+            raise ConfigError(f"model.{key}: cannot load {name!r} ({type(err).__name__}: {err}): "
                               "give 'file.py:function' or 'package.module:function'") from None
-        result = factory()
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise ConfigError(f"model.torch: {self.torch!r} must return (module, example_inputs), "
-                              f"got {type(result).__name__}")
-        return result
 
     @property
-    def kind(self) -> str:
-        """'onnx', 'tflite', 'torch' or 'demo' (an ONNX model built in code)."""
-        return next(k for k in ("onnx", "tflite", "torch") if getattr(self, k) is not None) \
-            if any(getattr(self, k) is not None for k in ("onnx", "tflite", "torch")) else "demo"
+    def kind(self) -> ModelKind:
+        """The kind of model this spec names (demo: the ONNX model built in code)."""
+        if self.hf is not None:
+            return ModelKind("torch")  # a PyTorch model: references and checks as for torch
+        return next((ModelKind(k) for k in ("onnx", "tflite", "torch") if getattr(self, k) is not None),
+                    ModelKind.DEMO)
 
     def load(self):
         """The model this spec names: an ``onnx.ModelProto`` (ONNX and demo), the parsed TFLite
@@ -112,6 +124,8 @@ class ModelSpec:
             return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
         if self.torch is not None:
             return {"torch": self.torch}
+        if self.hf is not None:
+            return {"hf": self.hf}
         if self.tflite is not None:
             return {"tflite": str(self.tflite.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
         return {"demo": dict(self.demo or {})}
@@ -140,6 +154,17 @@ class InputSource:
         if dtype.kind in "iu":
             return rng.integers(low, high if high is not None else 2, size=shape, dtype=dtype)
         return rng.uniform(low, high if high is not None else 1.0, size=shape).astype(dtype)
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """``generate:``: the prompt (token ids, or ``"random"``: ``length`` ids from ``seed``) and
+    the number of new tokens; ``tvm-probe run`` compares every step (see :mod:`tvm_probe.hf`)."""
+
+    prompt: tuple | str = "random"
+    steps: int = 1
+    seed: int = 0
+    length: int = 8
 
 
 @dataclass(frozen=True)
@@ -188,8 +213,8 @@ class Config:
 
     model: ModelSpec
     inputs: tuple[InputSource, ...] = ()
-    target: str = "llvm"
-    pipeline: str = "default"
+    target: str = DEFAULT_TARGET
+    pipeline: str = DEFAULT_PIPELINE
     capture: Any = "all"
     reference: ReferenceSpec = ReferenceSpec()
     output: OutputSpec = OutputSpec()
@@ -197,6 +222,8 @@ class Config:
     verify: bool = False    # check every served value against an independent unfused build
     import_fixes: bool = True  # rewrite constructs TVM 0.27 cannot build (importer/fixes.py)
     remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
+    precision: Any = None   # a tvm_probe.precision.PrecisionSpec: build in reduced precision
+    generate: Any = None    # a GenerateSpec: generate with a KV cache, compare every step (model: {hf: ...})
     source: Path | None = None
     overrides: tuple[str, ...] = ()
 
@@ -302,23 +329,26 @@ class _Validator:
 
     def config(self, data: dict) -> Config:
         known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
-                 "import_fixes", "remote")
+                 "import_fixes", "remote", "precision", "generate")
         self.unknown_keys(data, (), known)
+        is_hf = isinstance(data.get("model"), dict) and "hf" in data["model"]
         if "model" not in data:
             self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
         model = self.model(data.get("model")) if "model" in data else None
         cfg = Config(
             model=model or ModelSpec(demo={}),
             inputs=self.inputs(data.get("inputs") or {}),
-            target=self.string(data, ("target",), "llvm"),
-            pipeline=self.choice(data, ("pipeline",), PIPELINES, "default"),
+            target=self.string(data, ("target",), DEFAULT_TARGET),
+            pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
             capture=self.capture(data.get("capture", "all")),
-            reference=self.reference(data.get("reference", "onnxruntime")),
+            reference=self.reference(data.get("reference", "torch" if is_hf else "onnxruntime")),
             output=self.output(data.get("output") or {}),
             split=self.split(data["split"]) if "split" in data else None,
             verify=self.flag(data, ("verify",)),
             import_fixes=self.flag(data, ("import_fixes",), True),
             remote=self.remote(data["remote"]) if data.get("remote") is not None else None,
+            precision=self.precision(data.get("precision")),
+            generate=self.generate(data.get("generate"), is_hf),
             source=self.path,
             overrides=tuple(self.overridden.values()),
         )
@@ -376,12 +406,10 @@ class _Validator:
 
     def compatible(self, cfg: Config) -> None:
         """What the sections say together: checked now, not after a long compile."""
-        kind = "torch" if cfg.model.torch else "tflite" if cfg.model.tflite else "onnx"
-        fits = {"torch": "torch", "tflite": "tflite", "onnx": "onnxruntime"}[kind]
-        runtime = cfg.reference.runtime
-        if runtime not in ("none", "tvm", fits):
-            what = {"torch": "a PyTorch", "tflite": "a TFLite", "onnx": "an ONNX"}[kind]
-            self.fail(("reference",), f"{runtime!r} cannot run {what} model: use reference: {fits}")
+        kind, runtime = cfg.model.kind, cfg.reference.runtime
+        if runtime not in ("none", "tvm") and not get_reference(runtime).runs(kind):
+            self.fail(("reference",), f"{runtime!r} cannot run {kind.described}: use reference: "
+                                      f"{reference_for(kind).name}")
 
     def resolve(self, value: str) -> Path:
         """A config path: relative ones are relative to the config file's folder."""
@@ -410,13 +438,16 @@ class _Validator:
         keys = ("model",)
         if self.mapping(value, keys) is None:
             return None
-        self.unknown_keys(value, keys, ("onnx", "tflite", "demo", "torch", "shapes"))
-        if sum(k in value for k in ("onnx", "tflite", "demo", "torch")) != 1:
-            self.fail(keys, "give exactly one of 'onnx: PATH', 'tflite: PATH', 'demo: {...}' or "
-                            "'torch: FILE.py:FUNCTION'")
+        self.unknown_keys(value, keys, ("onnx", "tflite", "demo", "torch", "hf", "shapes"))
+        if sum(k in value for k in ("onnx", "tflite", "demo", "torch", "hf")) != 1:
+            self.fail(keys, "give exactly one of 'onnx: PATH', 'tflite: PATH', 'demo: {...}', "
+                            "'torch: FILE.py:FUNCTION' or 'hf: FILE.py:FUNCTION'")
             return None
         if "torch" in value:
             return self.torch_model(value["torch"], keys + ("torch",))
+        if "hf" in value:
+            spec = self.torch_model(value["hf"], keys + ("hf",))
+            return ModelSpec(hf=spec.torch) if spec else None
         if "onnx" in value or "tflite" in value:
             kind = "onnx" if "onnx" in value else "tflite"
             shapes = value.get("shapes") or {}
@@ -432,10 +463,12 @@ class _Validator:
         demo = value["demo"] or {}
         if self.mapping(demo, keys + ("demo",)) is None:
             return None
-        self.unknown_keys(demo, keys + ("demo",), ("preset",) + DEMO_SIZES)
-        if demo.get("preset", "tiny") not in ("tiny", "bert-base"):
-            self.fail(keys + ("demo", "preset"), f"must be one of tiny, bert-base, got {demo.get('preset')!r}")
-        for size in DEMO_SIZES:
+        from .demo import PRESETS, SIZES
+
+        self.unknown_keys(demo, keys + ("demo",), ("preset",) + SIZES)
+        if demo.get("preset", "tiny") not in PRESETS:
+            self.fail(keys + ("demo", "preset"), f"must be one of {', '.join(PRESETS)}, got {demo.get('preset')!r}")
+        for size in SIZES:
             if size in demo and (isinstance(demo[size], bool) or not isinstance(demo[size], int) or demo[size] < 0):
                 self.fail(keys + ("demo", size), f"must be a non-negative integer, got {demo[size]!r}")
         return ModelSpec(demo=dict(demo))
@@ -449,6 +482,36 @@ class _Validator:
             path = self.existing_file(where, keys)
             return ModelSpec(torch=f"{path}:{func}") if path else None
         return ModelSpec(torch=value)
+
+    # -- generate (issue 24): a self-contained block ------------------------------------------
+    def generate(self, value, is_hf: bool):
+        """``generate: {prompt: [ids] | random, steps: N, seed: S, length: L}`` (model: {hf: ...})."""
+        keys = ("generate",)
+        if value is None:
+            if is_hf:
+                self.fail(keys, "missing: a model: {hf: ...} config needs generate: {prompt: [ids] or random, "
+                                "steps: N}")
+            return None
+        if not is_hf:
+            self.fail(keys, "needs model: {hf: FILE.py:FUNCTION} (a transformers causal LM)")
+            return None
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("prompt", "steps", "seed", "length"))
+        prompt = value.get("prompt", "random")
+        if prompt != "random" and not (isinstance(prompt, list) and prompt
+                                       and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in prompt)):
+            self.fail(keys + ("prompt",), f"must be a list of token ids (ints >= 0) or 'random', got {prompt!r}")
+            prompt = "random"
+        ints = {}
+        for key, default, low in (("steps", None, 1), ("seed", 0, 0), ("length", 8, 1)):
+            got = value.get(key, default)
+            if isinstance(got, bool) or not isinstance(got, int) or got < low:
+                self.fail(keys + (key,), f"must be an integer >= {low}, got {got!r}")
+                got = low
+            ints[key] = got
+        return GenerateSpec(prompt=tuple(prompt) if prompt != "random" else "random", **ints)
 
     def inputs(self, value) -> tuple[InputSource, ...]:
         keys = ("inputs",)
@@ -501,9 +564,9 @@ class _Validator:
             return ReferenceSpec()
         self.unknown_keys(value, keys, ("runtime", "model", "tvm", "atol", "rtol", "tolerances"))
         build = self.reference_build(value["tvm"], keys + ("tvm",)) if "tvm" in value else None
-        runtime = "tvm" if build is not None else self.choice(value, keys + ("runtime",), REFERENCES, "onnxruntime")
+        runtime = "tvm" if build is not None else self.choice(value, keys + ("runtime",), reference_names(), "onnxruntime")
         if runtime == "tvm" and build is None:
-            build = {"pipeline": "default", "target": "llvm"}
+            build = {"pipeline": DEFAULT_PIPELINE, "target": DEFAULT_TARGET}
         model = self.existing_file(value["model"], keys + ("model",)) if "model" in value else None
         tolerances = []
         per = value.get("tolerances") or {}
@@ -525,8 +588,8 @@ class _Validator:
         if self.mapping(value, keys) is None:
             return None
         self.unknown_keys(value, keys, ("pipeline", "target"))
-        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, "default"),
-                "target": self.string(value, keys + ("target",), "llvm")}
+        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+                "target": self.string(value, keys + ("target",), DEFAULT_TARGET)}
 
     def output(self, value) -> OutputSpec:
         keys = ("output",)
@@ -544,9 +607,20 @@ class _Validator:
                           write=tuple(write), overwrite=self.flag(value, keys + ("overwrite",)),
                           weights=self.flag(value, keys + ("weights",)))
 
+    def precision(self, value):
+        """``precision: fp16 | {dtype: fp16, keep_fp32: [names]}`` (the checks of tvm_probe.precision;
+        the names are checked against the model once it is imported)."""
+        from .precision.spec import PrecisionError, parse_precision
+
+        try:
+            return parse_precision(value)
+        except PrecisionError as err:
+            self.fail(("precision",), str(err).removeprefix("precision").lstrip(": "))
+            return None
+
     def remote(self, value):
         """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.remote)."""
-        from .remote import parse_remote, remote_problems
+        from .remote.spec import parse_remote, remote_problems
 
         problems = remote_problems(value)
         for keys, text in problems:

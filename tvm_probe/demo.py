@@ -29,11 +29,13 @@ Example::
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["PRESETS", "bert_base", "build", "demo_inputs", "tiny_bert"]
+__all__ = ["PRESETS", "SIZES", "bert_base", "build", "demo_inputs", "tiny_bert"]
 
 OPSET = 17
 ROOT = "tf_bert_for_sequence_classification"
@@ -246,6 +248,10 @@ def tiny_bert(num_layers=2, hidden=64, heads=4, intermediate=None, seq_len=16,
     model.ir_version = 8
     helper.set_model_props(model, {_META_PREFIX + k: str(v) for k, v in cfg.items()})
     return model
+
+
+#: The size arguments of :func:`tiny_bert` (what a config's ``model.demo`` may set).
+SIZES: tuple[str, ...] = tuple(inspect.signature(tiny_bert).parameters)
 
 
 def bert_base(**overrides) -> onnx.ModelProto:

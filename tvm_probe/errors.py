@@ -14,6 +14,7 @@ Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_prob
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Iterable
 
 
@@ -107,8 +108,53 @@ def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     return hits
 
 
-def one_line(text: object, limit: int = 300) -> str:
-    """First non-empty line of ``text``, shortened: TVM messages carry tracebacks."""
+#: Characters of another program's message (TVM's, onnxruntime's...) kept on a one-line error.
+MESSAGE_LIMIT = 400
+
+
+def _message_lines(text: object) -> list[str]:
+    """The meaningful lines of a message: a traceback in it leaves only its last line."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    line = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+    return lines[-1:] if lines and lines[0].startswith("Traceback") else lines
+
+
+def _shortened(line: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
+    """First meaningful line of ``text``, shortened: messages of other programs carry tracebacks."""
+    lines = _message_lines(text)
+    return _shortened(lines[0] if lines else "", limit)
+
+
+# -- TVM's words ---------------------------------------------------------------------------------
+_DEBUG_INFO = re.compile(r",?\s*!dbg !\d+")
+_EMPTY_CLAUSE = re.compile(r": +:")  # TVM's "is false: : why" (not C++'s "::")
+
+
+def tvm_message(err: BaseException) -> tuple[str, str]:
+    """TVM's message as ``(one line, every line)``.
+
+    The one line keeps every meaningful line of TVM's text: LLVM's verifier writes its verdict
+    on the lines after "failed with the following errors:", which the first line alone drops.
+    Debug annotations (``!dbg !169``) and empty clauses (``: :``) are removed.
+    """
+    lines = _message_lines(err)
+    head = ""
+    for line in lines:
+        line = _DEBUG_INFO.sub("", line)
+        head = line if not head else head + (" " if head.endswith(":") else "; ") + line
+    return _shortened(_EMPTY_CLAUSE.sub(":", head), MESSAGE_LIMIT) or type(err).__name__, "\n".join(lines)
+
+
+def failure_identity(error_type: str, message: str) -> str:
+    """What makes two TVM failures the same one: the exception type and the message without its
+    numbers (register, Var, temporary and line numbers, addresses differ between a whole module
+    and a part of it).  The one rule for "the same failure" (passes, kernels, reduce)."""
+    return error_type + ":" + " ".join(re.sub(r"0x[0-9a-fA-F]+|\d+", "#", message).split())
+
+
+def same_failure_as(err: BaseException) -> str:
+    """The :func:`failure_identity` of an exception TVM raised."""
+    return failure_identity(type(err).__name__, tvm_message(err)[0])

@@ -20,42 +20,61 @@ def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarra
             with one input.
         allow_nonfinite: accept NaN / Inf in float inputs (refused by default: usually a data bug).
     """
-    expected = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
     if inputs is None:
-        raise InputError(f"no inputs given: run() needs {expected}")
+        raise InputError(f"no inputs given: run() needs {_expected(specs)}")
     if isinstance(inputs, Mapping):
+        inputs = _by_name(specs, inputs)
         names = [s.name for s in specs]
         missing = [n for n in names if n not in inputs]
         extra = [n for n in inputs if n not in names]
         if missing:
-            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}: run() needs {expected}")
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}: run() needs {_expected(specs)}")
         if extra:
-            raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}: the model's inputs are {expected}")
+            raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}: the model's inputs are {_expected(specs)}")
         values = [inputs[n] for n in names]
     elif hasattr(inputs, "__array__") or np.isscalar(inputs):  # one array, not a list of them
         if len(specs) != 1:
             raise InputError(f"got one array, the model takes {len(specs)} inputs: give a dict or a list "
-                             f"({expected})")
+                             f"({_expected(specs)})")
         values = [inputs]
     else:
         values = list(inputs)
         if len(values) != len(specs):
-            raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {expected}")
+            raise InputError(f"got {len(values)} inputs, the model takes {len(specs)}: {_expected(specs)}")
     arrays = [check_input(spec, v, allow_nonfinite) for spec, v in zip(specs, values)]
     _check_symbolic_dims(specs, arrays)
     return arrays
 
 
+def _expected(specs) -> str:
+    """What the model takes, for messages."""
+    return ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
+
+
+def _by_name(specs, inputs: Mapping) -> Mapping:
+    """``inputs`` keyed by input names, an alias (a TFLite signature key) taken for its input."""
+    alias_of = {a: s.name for s in specs for a in getattr(s, "aliases", ()) if a != s.name}
+    if not any(k in alias_of for k in inputs):
+        return inputs
+    named = {}
+    for key, value in inputs.items():
+        name = key if key not in alias_of or key in {s.name for s in specs} else alias_of[key]
+        if name in named:
+            raise InputError(f"input {name!r} is given twice (as {key!r} and by another name): give it once")
+        named[name] = value
+    return named
+
+
 def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     """One input: dtype, shape, index bounds of embedding ids, NaN/Inf."""
-    array = np.asarray(value)
+    array = value if type(value) is np.ndarray else np.asarray(value)
     if array.dtype == object:
         raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
-    if array.dtype != np.dtype(spec.dtype):
+    if array.dtype != _numpy(spec.dtype):
         raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
                          f"convert it with .astype('{spec.dtype}')")
-    if len(array.shape) != len(spec.shape) or any(
-            isinstance(want, int) and got != want for got, want in zip(array.shape, spec.shape)):
+    if array.shape != spec.shape and (len(array.shape) != len(spec.shape) or any(
+            isinstance(want, int) and got != want for got, want in zip(array.shape, spec.shape))):
         raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
                          f"{list(spec.shape)}")
     _check_ids(spec, array)
@@ -63,7 +82,19 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
         nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
         raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values: fix the data, or pass "
                          "allow_nonfinite=True to run() to trace how they propagate")
-    return np.ascontiguousarray(array)
+    if array.flags.c_contiguous:
+        return array
+    return np.require(array, requirements="C")  # not ascontiguousarray: that turns 0-d into 1-d
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _numpy(dtype: str) -> np.dtype:
+    """``np.dtype(dtype)``, looked up once per name (this runs on every run of a model)."""
+    if dtype not in _DTYPES:
+        _DTYPES[dtype] = np.dtype(dtype)
+    return _DTYPES[dtype]
 
 
 def _check_ids(spec, array: np.ndarray) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config, ConfigError, ModelSpec
-from .errors import NameLookupError, ProbeError
+from .errors import NameLookupError
 from .progress import Progress
 from .schema import Exit
 
@@ -45,17 +45,9 @@ class Outcome:
 # -- models ------------------------------------------------------------------------------------
 def import_model(spec: ModelSpec, model, import_fixes: bool = True):
     """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
-    if spec.kind == "torch":
-        from .importer.torch import import_torch
+    from .importer import import_model as by_kind
 
-        return import_torch(*model, import_fixes=import_fixes)
-    if spec.kind == "tflite":
-        from .importer.tflite import import_tflite
-
-        return import_tflite(model, dict(spec.shapes))
-    from .importer.onnx import import_onnx
-
-    return import_onnx(model, dict(spec.shapes), import_fixes=import_fixes)
+    return by_kind(spec.kind, model, spec.shapes, import_fixes)
 
 
 def build_probe(config: Config, model, progress: Progress):
@@ -73,7 +65,8 @@ def build_probe(config: Config, model, progress: Progress):
         with progress.stage(f"connect ({config.remote.describe()})"):
             remote = connect(config.remote)
     with progress.stage(f"compile ({config.pipeline} pipeline, {config.target})"):
-        probe = Probe.from_imported(imported, config.target, config.pipeline, remote=remote)
+        probe = Probe.from_imported(imported, config.target, config.pipeline, remote=remote,
+                                    precision=config.precision)
     return probe, inputs
 
 
@@ -117,6 +110,11 @@ def _inputs(config: Config, imported, model) -> dict[str, np.ndarray]:
 def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes: probe, dump, compare, verify, report."""
     progress = progress or Progress(enabled=False)
+    if config.generate is not None:  # model: {hf: ...}: a generation, compared step by step
+        from .hf import investigate_generation
+        from .probe import Probe
+
+        return investigate_generation(config, progress, Probe)
     model = config.model.load()
     probe, inputs = build_probe(config, model, progress)
     capture = config.capture if config.capture in (None, "all") else list(config.capture)
@@ -149,8 +147,13 @@ def _compare(config: Config, probe, model, inputs, progress):
     with progress.stage(f"reference ({spec.runtime})"):
         reference = (reference_build(probe, spec.build, inputs) if spec.runtime == "tvm"
                      else reference_values(spec, model, inputs))
+    atol, rtol = spec.atol, spec.rtol
+    if config.precision is not None:  # a reduced-precision build: float16's tolerance by default
+        from .precision.spec import precision_tolerance
+
+        atol, rtol = precision_tolerance(spec).atol, precision_tolerance(spec).rtol
     with progress.stage("compare") as stage:
-        return compare(probe, reference, atol=spec.atol, rtol=spec.rtol, keys=probe.captured_keys,
+        return compare(probe, reference, atol=atol, rtol=rtol, keys=probe.captured_keys,
                        tolerance_for=spec.tolerance_for if spec.tolerances else None, progress=stage.update)
 
 
@@ -164,69 +167,13 @@ def reference_build(probe, build: dict, inputs):
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
-    """Reference values for every source value, from the runtime ``ref_spec`` names.
+    """Reference values for every source value, from the reference ``ref_spec`` names.
 
     ``model`` is what :meth:`ModelSpec.load` returned; the config checked that they fit.
     """
-    if ref_spec.runtime == "torch":
-        import torch
+    from .reference import get_reference
 
-        from .reference.torch import torch_values
-
-        module, _ = model
-        return torch_values(module, tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()))
-    if ref_spec.runtime == "tflite":
-        from .reference.tflite import tflite_values
-
-        return tflite_values(ref_spec.model or model, inputs)
-    from .reference.onnxruntime import onnxruntime_values
-
-    return onnxruntime_values(ref_spec.model or model, inputs)
-
-
-# -- tvm-probe compare DUMP ----------------------------------------------------------------------
-def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
-    """Compare a dump with the reference of the model it records, run on the dump's own inputs.
-
-    ONNX, TFLite and demo dumps are compared with onnxruntime (TFLite: the TFLite interpreter),
-    PyTorch dumps with eager PyTorch.  ``model_path`` (an ONNX file) replaces the recorded model.
-    """
-    from .compare import compare
-
-    if not reader.source_names_known:
-        raise ProbeError("this dump was written by TVM's debug executor: it has no source names to match "
-                         "the reference by; compare a dump written by tvm_probe")
-    spec = _recorded_model(reader, model_path)
-    model = spec.load()
-    imported_hash = _model_hash(spec, model)
-    if reader.model_hash and imported_hash != reader.model_hash:
-        raise ProbeError("the model differs from the one the dump was made with (hash mismatch): "
-                         "give the original with --model PATH")
-    from .config import ReferenceSpec
-
-    runtime = {"torch": "torch", "tflite": "tflite"}.get(spec.kind, "onnxruntime")
-    reference = reference_values(ReferenceSpec(runtime=runtime), model, reader.inputs)
-    return compare(reader, reference, atol=atol, rtol=rtol, keys=reader.captured_keys, progress=progress)
-
-
-def _recorded_model(reader, model_path) -> ModelSpec:
-    if model_path is not None:
-        return ModelSpec(onnx=Path(model_path))
-    described = reader.metadata.get("model")
-    if not described:
-        raise ProbeError("this dump does not record its model: give it with --model PATH")
-    if "torch" in described:
-        return ModelSpec(torch=described["torch"])
-    shapes = {k: tuple(v) for k, v in (described.get("shapes") or {}).items()}
-    for kind in ("onnx", "tflite"):
-        if kind in described:
-            return ModelSpec(shapes=shapes, **{kind: Path(described[kind])})
-    return ModelSpec(demo=described.get("demo") or {})
-
-
-def _model_hash(spec: ModelSpec, model) -> str:
-    """The hash the importer records for ``model`` (what dumps store), without compiling."""
-    return import_model(spec, model).model_hash
+    return get_reference(ref_spec.runtime).values(ref_spec.model or model, inputs)
 
 
 # -- tvm-probe split -----------------------------------------------------------------------------
@@ -238,14 +185,15 @@ class SplitOutcome:
     cuts: list[str]
     evenness: float | None
     max_difference: float
-    atol: float
+    within_tolerance: bool
+    tolerance_rule: str
 
     @property
     def exit_code(self) -> int:
-        return Exit.OK if self.max_difference <= self.atol else Exit.DIVERGED
+        return Exit.OK if self.within_tolerance else Exit.DIVERGED
 
 
-def split_investigation(config: Config, atol: float, progress: Progress) -> SplitOutcome:
+def split_investigation(config: Config, atol: float | None, rtol: float | None, progress: Progress) -> SplitOutcome:
     """Cut the model where ``config.split`` says, verify the chained stages against the whole."""
     from .split import balance, run_pipeline, split
 
@@ -267,8 +215,61 @@ def split_investigation(config: Config, atol: float, progress: Progress) -> Spli
         whole = probe.run(inputs, capture=None)
         chained = run_pipeline(plan, inputs)
         plan.measure(inputs)
-    diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]))) for k in whole)
-    return SplitOutcome(plan=plan, cuts=cuts, evenness=evenness, max_difference=diff, atol=atol)
+    return _chained_outcome(plan, cuts, evenness, whole, chained, atol, rtol)
+
+
+def _chained_outcome(plan, cuts, evenness, whole, chained, atol, rtol) -> SplitOutcome:
+    """The chained stages' outputs judged against the whole model's by the one tolerance rule."""
+    from .tolerance import tolerance_of, within
+
+    tolerances = {k: tolerance_of(whole[k].dtype, atol, rtol) for k in whole}
+    diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]), initial=0.0)) for k in whole)
+    ok = all(bool(np.all(within(chained[k], whole[k], tolerances[k]))) for k in whole)
+    rule = "; ".join(sorted({f"{whole[k].dtype}: {t}" for k, t in tolerances.items()}))
+    return SplitOutcome(plan=plan, cuts=cuts, evenness=evenness, max_difference=diff, within_tolerance=ok,
+                        tolerance_rule=rule)
+
+
+# -- tvm-probe precision (tvm_probe/precision/) ---------------------------------------------------
+def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bool = False,
+                            progress=None):
+    """``tvm-probe precision``: find the ops to keep in fp32 for the model ``config`` describes and
+    write ``out_dir/precision.yaml`` (a ``precision:`` key), ``ranking.csv`` and ``precision.html``.
+
+    The outputs are compared with the config's reference runtime (onnxruntime, torch, tflite), or
+    with the fp32 TVM build when the reference is ``none`` or ``tvm``.
+    """
+    import logging
+
+    from .precision.search import PrecisionOutcome, find_keep_fp32
+    from .precision.spec import PrecisionError, precision_tolerance
+    from .report import write_precision_report
+
+    progress = progress or Progress(enabled=False)
+    if config.remote is not None:
+        raise PrecisionError("tvm-probe precision rebuilds and runs the model on this machine: remove 'remote' "
+                             "from the config (or give a local target)")
+    out_dir = Path(out_dir)
+    if (out_dir / "precision.yaml").exists() and not overwrite:
+        raise PrecisionError(f"'{out_dir / 'precision.yaml'}' exists: give --overwrite or another folder")
+    model = config.model.load()
+    with progress.stage("import"):
+        imported = import_model(config.model, model, config.import_fixes)
+    inputs = _inputs(config, imported, model)
+    reference = None
+    if config.reference.runtime not in ("none", "tvm"):
+        with progress.stage(f"reference ({config.reference.runtime})"):
+            values = reference_values(config.reference, model, inputs)
+        reference = {k: values[k] for k in imported.sources.model_outputs if k in values}
+    with progress.stage(f"search ({config.pipeline} pipeline, {config.target})"):
+        search = find_keep_fp32(imported, inputs, config.target, config.pipeline, reference,
+                                precision_tolerance(config.reference, atol, rtol),
+                                progress=logging.getLogger("tvm_probe.precision").info)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "precision.yaml").write_text(search.yaml(), encoding="utf-8")
+    files = {"precision": out_dir / "precision.yaml"}
+    files.update(write_precision_report(out_dir, search))
+    return PrecisionOutcome(search=search, files=files)
 
 
 # -- tvm-probe reduce ----------------------------------------------------------------------------

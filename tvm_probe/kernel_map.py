@@ -142,14 +142,24 @@ class KernelMap:
         sites: the kernel calls of one run, in order.
         places: source key → :class:`Place`, for every value the compiled module holds.
         lost: source key → why it has no place (for tagged values that could not be followed).
+        known_limits: the keys of ``lost`` whose reason is a known limit of tvm_probe (values an
+            If decides), not a surprise to report.
         helper_symbols: kernels the VM calls that passes after the call graph added (the shape
-            functions of symbolic shapes); they compute no source value.
+            functions of symbolic shapes), and kernels called only inside If branches; they
+            compute no source value tvm_probe serves.
+        branches: calls inside If branches that match no call site (see :class:`BranchCalls`).
+        fixed_helpers: helper symbol → how many times every run calls it, when the final
+            ``main`` calls each helper a fixed number of times (no If, e.g. the
+            ``compute_symbolic_expr`` lowering makes for a ``T.float64`` argument); empty otherwise.
     """
 
     sites: list[CallSite]
     places: dict[str, Place] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
+    known_limits: set[str] = field(default_factory=set)
     helper_symbols: frozenset[str] = frozenset()  # kernels lowering added (shape functions): no source values
+    branches: BranchCalls | None = None  # kernel calls inside If branches (None: no If)
+    fixed_helpers: dict[str, int] = field(default_factory=dict)
 
     def site_of(self, key: str) -> int | None:
         """The call site whose output or interior holds ``key`` (None for other places)."""
@@ -170,17 +180,22 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
     follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)])
-    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots))
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main))
+    kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
+    conditional = _conditional_numbers(main, runtime)
     dims = _input_dims(imported.mod["main"])
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
             continue
-        place, why = _locate(follower.follow(var), by_number, vn.terms, untrusted, snapshots.pre_fold)
+        trace = follower.follow(var)
+        place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
         else:
-            kmap.lost[key] = why
+            kmap.lost[key] = conditional.get(trace.number, why)
+            if trace.number in conditional:
+                kmap.known_limits.add(key)
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)
     return kmap
@@ -237,12 +252,95 @@ def _input_dims(main) -> dict:
 
 def helper_symbols(snapshots) -> frozenset[str]:
     """Kernels of the final module the call graph does not have: lowering's own (``shape_func``)."""
+    conditional = branch_symbols(snapshots.call_graph["main"])
     final = getattr(snapshots, "final", None)
     if final is None:
-        return frozenset()
+        return conditional
     known = {gv.name_hint for gv in snapshots.call_graph.functions}
-    return frozenset(gv.name_hint for gv, f in final.functions.items()
-                     if gv.name_hint not in known and type(f).__name__ == "PrimFunc")
+    return conditional | frozenset(gv.name_hint for gv, f in final.functions.items()
+                                   if gv.name_hint not in known and type(f).__name__ == "PrimFunc")
+
+
+def fixed_helper_calls(snapshots, helpers) -> dict[str, int]:
+    """``{helper: calls per run}`` when the final ``main`` calls every helper at its top level
+    (no If anywhere, so each run makes exactly these calls); else ``{}``."""
+    from tvm import relax
+
+    final = getattr(snapshots, "final", None)
+    if not helpers or final is None:
+        return {}
+    counts = dict.fromkeys(helpers, 0)
+    for b in _bindings(final["main"]):
+        if isinstance(b.value, relax.If):
+            return {}
+        op = getattr(b.value, "op", None)
+        if isinstance(b.value, relax.Call) and isinstance(op, relax.GlobalVar) and op.name_hint in counts:
+            counts[op.name_hint] += 1
+    return counts if all(counts.values()) else {}
+
+
+def branch_symbols(main) -> frozenset[str]:
+    """Kernels that ``main`` calls inside the branches of an ``If`` (nested ones too).
+
+    Which branch runs is known only at run time, so a call inside a branch is no call site: the
+    instrument lets the calls of such a kernel pass where no call site has its occurrence (see
+    :class:`BranchCalls`), and the values computed inside branches are not served.
+    """
+    from tvm import relax
+
+    found: set[str] = set()
+
+    def visit(expr, inside: bool) -> None:
+        if isinstance(expr, relax.SeqExpr):
+            for block in expr.blocks:
+                for b in block.bindings:
+                    visit(b.value, inside)
+            visit(expr.body, inside)
+        elif isinstance(expr, relax.If):
+            visit(expr.true_branch, True)
+            visit(expr.false_branch, True)
+        elif inside and isinstance(expr, relax.Call):
+            symbol = _kernel_symbol(expr)
+            if symbol:
+                found.add(symbol)
+
+    visit(main.body, False)
+    return frozenset(found)
+
+
+def _conditional_numbers(main, values: FunctionValues) -> dict[int, str]:
+    """Value number → why it has no place, for what ``main`` computes only at run-time-chosen
+    calls: an ``If``'s results, and calls no call site matches (:class:`BranchCalls`)."""
+    from tvm import relax
+
+    if not any(isinstance(b.value, relax.If) for b in _bindings(main)):
+        return {}
+    skipped = branch_calls(main).skipped
+    branch_result = ("it is a result of an If: which branch ran is known only at run time, and tvm_probe "
+                     "does not follow values through If branches")
+    found, results = {}, set()
+    for b in _bindings(main):
+        value, why = b.value, None
+        if isinstance(value, relax.If) or (isinstance(value, relax.TupleGetItem) and value.tuple_value in results) \
+                or (isinstance(value, relax.Var) and value in results):
+            results.add(b.var)
+            why = branch_result
+        elif b.var in skipped:
+            why = (f"kernel '{skipped[b.var]}' computes it after an If whose branches call that kernel unequally "
+                   "often, so which call is this one depends on the branch that ran")
+        number = values.of_var.get(b.var) if why else None
+        if number is not None:
+            found.setdefault(number, why)
+    return found
+
+
+def _kernel_symbol(call) -> str:
+    """The symbol the VM calls for ``call`` (a kernel or the reshape view), else ''."""
+    name = _op_name(call)
+    if name in _KERNEL_OPS:
+        callee = call.args[0]
+        return getattr(callee, "name_hint", None) or str(getattr(callee, "global_symbol", callee))
+    return VIEW_SYMBOL if name == "relax.reshape" else ""
 
 
 def _var_of_key(imported) -> dict:
@@ -309,7 +407,7 @@ class _Follower:
 
 def _folded_place(var, pre_fold) -> Place | None:
     """A FOLDED place when FoldConstant removed ``var`` because it needs no model input."""
-    from .recompute import depends_on_params
+    from .relax_analysis import depends_on_params
 
     if var is None or pre_fold is None or depends_on_params(pre_fold["main"], var):
         return None
@@ -400,7 +498,7 @@ def _is_tensor(var) -> bool:
 
 def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
     """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call."""
-    from .importer.onnx import dim_of
+    from .importer.relax_values import dim_of
 
     fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
     shapes, dtypes = [], []
@@ -423,7 +521,6 @@ def call_sites(main) -> tuple[list[CallSite], list, dict]:
     sites: list[CallSite] = []
     site_vars = []
     produced: dict = {}          # Var → (site index, output k)
-    seen: dict[str, int] = {}
 
     def arg_source(expr) -> ArgSource:
         if isinstance(expr, relax.Var):
@@ -437,7 +534,7 @@ def call_sites(main) -> tuple[list[CallSite], list, dict]:
             return ArgSource(ArgKind.CONST, const=expr)
         return ArgSource(ArgKind.UNTRACKED)
 
-    for b in _bindings(main):
+    for b, symbol, occurrence in _main_calls(main, BranchCalls()):
         value, var = b.value, b.var
         if isinstance(value, relax.TupleGetItem) and value.tuple_value in produced:
             node, _ = produced[value.tuple_value]
@@ -446,25 +543,141 @@ def call_sites(main) -> tuple[list[CallSite], list, dict]:
         if isinstance(value, relax.Var) and value in produced:
             produced[var] = produced[value]
             continue
-        name = _op_name(value) if isinstance(value, relax.Call) else ""
-        if name in _KERNEL_OPS:
-            callee = value.args[0]
-            symbol = getattr(callee, "name_hint", None) or str(getattr(callee, "global_symbol", callee))
-            arg_exprs = list(value.args[1].fields)
-        elif name == "relax.reshape":
-            symbol, arg_exprs = VIEW_SYMBOL, [value.args[0]]
+        if not symbol:
+            continue  # not a kernel: shape plumbing, tuples, packed builtins, Ifs
+        if isinstance(value, relax.If):
+            # the call that computes the If's result in whichever branch runs (see _result_call):
+            # its arguments differ by branch, so none is tracked
+            call = _result_call(value.true_branch)[0]
+            arg_exprs = [call.args[0]] if symbol == VIEW_SYMBOL else list(call.args[1].fields)
+            args, arg_exprs = [ArgSource(ArgKind.UNTRACKED) for _ in arg_exprs], []
         else:
-            continue  # not a kernel: shape plumbing, tuples, packed builtins
+            arg_exprs = [value.args[0]] if symbol == VIEW_SYMBOL else list(value.args[1].fields)
+            args = [arg_source(a) for a in arg_exprs]
         shapes, dtypes = _types(var.ty)
-        site = CallSite(index=len(sites), symbol=symbol, occurrence=seen.get(symbol, 0),
-                        is_view=symbol == VIEW_SYMBOL, args=[arg_source(a) for a in arg_exprs],
+        site = CallSite(index=len(sites), symbol=symbol, occurrence=occurrence,
+                        is_view=symbol == VIEW_SYMBOL, args=args,
                         out_shapes=shapes, out_dtypes=dtypes, output_keys=[[] for _ in shapes],
                         call_args=arg_exprs)
-        seen[symbol] = site.occurrence + 1
         produced[var] = (site.index, 0)
         sites.append(site)
         site_vars.append(var)
     return sites, site_vars, produced
+
+
+@dataclass
+class BranchCalls:
+    """The kernel calls ``main`` makes inside ``If`` branches, for matching calls to call sites.
+
+    Attributes:
+        occurrences: symbol → the occurrences of its calls that run inside an If branch, where
+            both branches call it equally often (so every later call keeps its occurrence).
+            They match no call site: a branch call belongs to whichever branch ran.
+        open_symbols: kernels an If's branches call unequally often: which of their calls comes
+            after the If depends on the branch, so calls of them after the first such If match
+            no call site (the instrument ignores them; what they compute is unknown, with why).
+        skipped: Vars of ``main`` bound to such calls, by symbol.
+    """
+
+    occurrences: dict[str, list[int]] = field(default_factory=dict)
+    open_symbols: set[str] = field(default_factory=set)
+    skipped: dict = field(default_factory=dict)
+
+
+def branch_calls(main) -> BranchCalls:
+    """The :class:`BranchCalls` of ``main`` (empty without ``If``)."""
+    found = BranchCalls()
+    for _ in _main_calls(main, found):
+        pass
+    return found
+
+
+def _main_calls(main, branches: BranchCalls):
+    """``(binding, kernel symbol or '', occurrence)`` for every binding of ``main`` that is no
+    call inside or after an If which the call-site matching cannot follow; fills ``branches``.
+
+    A call's occurrence counts the calls of its symbol before it, those inside earlier If
+    branches included (both branches of each call it equally often: see :class:`BranchCalls`).
+    """
+    from tvm import relax
+
+    seen: dict[str, int] = {}
+    for b in _bindings(main):
+        if isinstance(b.value, relax.If):
+            counts, unequal = _if_calls(b.value)
+            branches.open_symbols |= unequal
+            then_result, else_result = _result_call(b.value.true_branch), _result_call(b.value.false_branch)
+            result = None
+            if then_result is not None and then_result[1:] == (else_result or (None,))[1:] \
+                    and then_result[1] not in branches.open_symbols:
+                result = then_result[1], seen.get(then_result[1], 0) + then_result[2]
+            for symbol, n in counts.items():
+                if symbol not in branches.open_symbols:
+                    start = seen.get(symbol, 0)
+                    inside = [o for o in range(start, start + n) if (symbol, o) != result]
+                    branches.occurrences.setdefault(symbol, []).extend(inside)
+                    seen[symbol] = start + n
+            yield (b, *result) if result is not None else (b, "", -1)
+            continue
+        symbol = _kernel_symbol(b.value) if isinstance(b.value, relax.Call) else ""
+        if symbol in branches.open_symbols:
+            branches.skipped[b.var] = symbol
+            continue
+        occurrence = seen.get(symbol, 0)
+        if symbol:
+            seen[symbol] = occurrence + 1
+        yield b, symbol, occurrence
+
+
+def _result_call(branch) -> tuple | None:
+    """``(call, symbol, occurrence in the branch)`` of the kernel call whose output is the result
+    of an If ``branch`` (a SeqExpr), or None (a tuple, a value from outside, a nested If first).
+
+    When both branches end with the same kernel at the same occurrence, that occurrence is the
+    If's result whichever branch runs: a call site.
+    """
+    from tvm import relax
+
+    bindings = [b for block in branch.blocks for b in block.bindings]
+    result = branch.body
+    for b in reversed(bindings):  # follow `r = v` to the binding that computes it
+        if b.var.same_as(result) and isinstance(b.value, relax.Var):
+            result = b.value
+    seen: dict[str, int] = {}
+    for b in bindings:
+        if isinstance(b.value, relax.If):
+            return None  # calls before it may depend on its branches
+        symbol = _kernel_symbol(b.value) if isinstance(b.value, relax.Call) else ""
+        if b.var.same_as(result):
+            return (b.value, symbol, seen.get(symbol, 0)) if symbol and not _is_tuple(b.var) else None
+        if symbol:
+            seen[symbol] = seen.get(symbol, 0) + 1
+    return None
+
+
+def _if_calls(expr) -> tuple[dict[str, int], set[str]]:
+    """Kernel calls per symbol that running ``expr`` makes whichever way its Ifs go, and the
+    symbols whose number of calls depends on the way they go."""
+    from tvm import relax
+
+    if isinstance(expr, relax.If):
+        then_calls, then_unequal = _if_calls(expr.true_branch)
+        else_calls, else_unequal = _if_calls(expr.false_branch)
+        unequal = then_unequal | else_unequal | {
+            s for s in set(then_calls) | set(else_calls) if then_calls.get(s, 0) != else_calls.get(s, 0)}
+        return {s: n for s, n in then_calls.items() if s not in unequal}, unequal
+    if isinstance(expr, relax.SeqExpr):
+        counts: dict[str, int] = {}
+        unequal: set[str] = set()
+        parts = [b.value for block in expr.blocks for b in block.bindings] + [expr.body]
+        for part in parts:
+            calls, part_unequal = _if_calls(part)
+            unequal |= part_unequal
+            for symbol, n in calls.items():
+                counts[symbol] = counts.get(symbol, 0) + n
+        return {s: n for s, n in counts.items() if s not in unequal}, unequal
+    symbol = _kernel_symbol(expr) if isinstance(expr, relax.Call) else ""
+    return ({symbol: 1} if symbol else {}), set()
 
 
 def _callees(mod, func) -> dict:

@@ -14,20 +14,23 @@ import numpy as np
 
 from .build import BuiltModel, PipelineLike, compile_with_snapshots
 from .capture import Capture, CapturePlanner, DebugExecutor
-from .errors import NotCapturedError, NotRunError, ValueUnavailableError
+from .errors import NotCapturedError, NotRunError, ProbeError
 from .inputs import check_inputs
 from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from .recompute import evaluate_folded
-from .results import NodeInfo, Results
+from .calls import CallRecord, as_numpy, call_arguments, captured_bytes, serving
+from .results import NodeInfo, Results, not_computed
+from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from .sources import Served
+from .viewable import Viewable
 
 log = logging.getLogger(__name__)
 
 CaptureSpec = Union[str, Sequence[str], None]
 
 
-class Probe(Results):
+class Probe(Results, Viewable):
     """A compiled model whose every intermediate value can be read by its source name.
 
     Build one with :meth:`from_onnx`; call :meth:`run` once per input; then :meth:`get`,
@@ -39,28 +42,39 @@ class Probe(Results):
     (``get``, dumps, reports) is the same.
     """
 
+    #: How the module was converted to reduced precision (a :class:`tvm_probe.precision.Lowered`), or None.
+    precision = None
+
     def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None):
         from dataclasses import replace
 
         # How a value is served belongs to this build: two probes of one import must not share it.
         imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
-        self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote)
+        self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote,
+                                       function=getattr(imported, "function", "main"))
         self._recomputer = self._executor.recomputer([s.group for s in kernel_map.sites if s.group is not None])
         self._capture: Capture | None = None
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._folded: dict[str, np.ndarray] = {}
         classify(imported.sources, kernel_map, self.num_input_nodes)
+        if hasattr(imported, "param_items"):  # a function of a Relax module: arguments by position
+            from .importer.relax import place_arguments
+
+            place_arguments(imported, kernel_map)
+        self._functions: dict[str, "Probe"] = {self.function: self}
+        self._calls: list[CallRecord] = []
+        self._serve_run = True  # get() without call=: the last run() (else the last call())
         self._init_results(imported.sources, self._static_nodes())
         self._planner = CapturePlanner(kernel_map, self._names)
         self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_onnx(cls, model, target="llvm", pipeline: PipelineLike = "default",
+    def from_onnx(cls, model, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
                   shapes: Mapping[str, Sequence[int]] | None = None, import_fixes: bool = True,
-                  remote=None) -> "Probe":
+                  remote=None, precision=None) -> "Probe":
         """Import an ONNX model (path or ``onnx.ModelProto``) and compile it for ``target``.
 
         Args:
@@ -76,15 +90,19 @@ class Probe(Results):
             remote: run on a remote device over TVM RPC: ``{"host": H, "port": P}`` or
                 ``{"tracker": "H:P", "key": K}`` of a ``tvm-probe serve`` (see
                 :mod:`tvm_probe.remote`).  Defaults to None (this machine).
+            precision: build in reduced precision: ``"fp16"``, ``{"dtype": "fp16", "keep_fp32":
+                [source names]}`` or a ``tvm.transform.Pass`` (see :mod:`tvm_probe.precision`);
+                the same source names are served from that build.  Defaults to None (as imported).
         """
         from .importer.onnx import import_onnx
 
         shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline, remote)
+        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline, remote,
+                                 precision)
 
     @classmethod
-    def from_torch(cls, module, example_inputs, target="llvm", pipeline: PipelineLike = "default",
-                   import_fixes: bool = True, remote=None) -> "Probe":
+    def from_torch(cls, module, example_inputs, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
+                   import_fixes: bool = True, remote=None, precision=None) -> "Probe":
         """Export a ``torch.nn.Module`` with ``torch.export`` and compile it for ``target``.
 
         Values answer to their fx node names (``bmm_3``) and module paths
@@ -93,16 +111,16 @@ class Probe(Results):
         Args:
             module: the model (put it in ``eval()`` mode first for inference behaviour).
             example_inputs: a tuple of tensors (the shapes are compiled statically).
-            target, pipeline, import_fixes, remote: as for :meth:`from_onnx`.
+            target, pipeline, import_fixes, remote, precision: as for :meth:`from_onnx`.
         """
         from .importer.torch import import_torch
 
         return cls.from_imported(import_torch(module, example_inputs, import_fixes=import_fixes), target, pipeline,
-                                 remote)
+                                 remote, precision)
 
     @classmethod
-    def from_tflite(cls, model, target="llvm", pipeline: PipelineLike = "default",
-                    shapes: Mapping[str, Sequence[int]] | None = None, remote=None) -> "Probe":
+    def from_tflite(cls, model, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
+                    shapes: Mapping[str, Sequence[int]] | None = None, remote=None, precision=None) -> "Probe":
         """Import a TFLite model (path or bytes) and compile it for ``target``.
 
         Values answer to their TFLite tensor names, which are TensorFlow's op names
@@ -111,27 +129,277 @@ class Probe(Results):
 
         Args:
             model: a ``.tflite`` path or the file's bytes.
-            target, pipeline, remote: as for :meth:`from_onnx`.
+            target, pipeline, remote, precision: as for :meth:`from_onnx`.
             shapes: static shapes for inputs, overriding those the model declares.
         """
         from .importer.tflite import import_tflite
 
         shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-        return cls.from_imported(import_tflite(model, shapes), target, pipeline, remote)
+        return cls.from_imported(import_tflite(model, shapes), target, pipeline, remote, precision)
 
     @classmethod
-    def from_imported(cls, imported: ImportedModel, target="llvm", pipeline: PipelineLike = "default",
-                      remote=None) -> "Probe":
+    def from_relax(cls, mod, params: Mapping[str, object] | None = None, target=DEFAULT_TARGET,
+                   pipeline: PipelineLike = DEFAULT_PIPELINE) -> "Probe":
+        """Compile a Relax IRModule (one function or several) for ``target``.
+
+        Every tensor binding of every function answers to its binding name (``matmul3``),
+        parameters to theirs.  Run a function with :meth:`call` (``run`` for a module whose only
+        function is ``main``).
+
+        Args:
+            mod: a ``tvm.IRModule`` with Relax functions (as built or imported: the pipeline
+                has not run on it).
+            params: ``{parameter name: array}``: weights the probe passes at every call, so
+                callers pass only the other arguments.  The module is compiled as it is (the
+                weights are not bound into it), so what runs is what you deploy.
+            target, pipeline: as for :meth:`from_onnx`.
+        """
+        from .importer.relax import check_params, import_relax, public_functions
+
+        names = public_functions(mod)
+        check_params(mod, names, params)
+        models = {f: import_relax(mod, params, f) for f in names}
+        return cls._from_functions(mod, models, target, pipeline)
+
+    @classmethod
+    def from_nn(cls, module, spec, params: Mapping[str, object] | None = None, target=DEFAULT_TARGET,
+                pipeline: PipelineLike = DEFAULT_PIPELINE) -> "Probe":
+        """Export a ``tvm.relax.frontend.nn.Module`` with ``export_tvm`` and compile it.
+
+        Values answer to module paths (``model.layers.0.self_attn``: the module's output, as
+        ``export_tvm`` traced it), parameters to their dotted names
+        (``model.layers.0.mlp.down_proj.weight``), and every binding to its name.
+
+        Args:
+            module: the nn.Module.
+            spec: what ``export_tvm`` takes (a ``ModuleSpec`` or its dict form), with
+                ``param_mode`` ``"plain"`` or ``"packed"``.
+            params: ``{dotted name: array}``: the weights, passed by the probe at every call (then
+                callers pass only the inputs).  Without them, pass the weights as the compiled
+                function takes them (plain: one argument each; packed: one list of tensors).
+            target, pipeline: as for :meth:`from_onnx`.
+        """
+        from .importer.nn import import_nn
+
+        mod, models = import_nn(module, spec, params)
+        return cls._from_functions(mod, models, target, pipeline)
+
+    @classmethod
+    def from_hf(cls, model, pipeline: PipelineLike = DEFAULT_PIPELINE, target=DEFAULT_TARGET, max_len: int = 64,
+                import_fixes: bool = True) -> "Probe":
+        """A transformers ``*ForCausalLM`` with an explicit KV cache: functions ``prefill`` and
+        ``decode`` of one executable (symbolic prompt and past lengths); :meth:`generate` drives
+        them.  Values answer to the wrapper's module paths (``model.model.layers.0.self_attn``,
+        ``model.lm_head``), fx node names and parameter names.  See :mod:`tvm_probe.hf`.
+
+        Args:
+            model: the causal LM (its weights as they are; put in eval mode).
+            pipeline, target, import_fixes: as for :meth:`from_torch`.
+            max_len: the longest prompt + generated length :meth:`generate` accepts.
+        """
+        from .hf import from_hf
+
+        return from_hf(cls, model, pipeline, target, max_len, import_fixes)
+
+    def generate(self, input_ids, steps: int, capture: CaptureSpec = "all") -> list[int]:
+        """``steps`` new token ids, greedy, from the compiled executable (call 0: the prefill,
+        calls 1..steps-1: decode steps; read values with ``get(name, call=k)``).  Only for a
+        probe made by :meth:`from_hf`; :func:`tvm_probe.hf.compare_generation` checks it."""
+        from .hf import generate
+
+        return generate(self, input_ids, steps, capture)
+
+    @classmethod
+    def _from_functions(cls, mod, models: dict, target, pipeline) -> "Probe":
+        """One compile of ``mod``; a function probe per model; the first is the one returned."""
+        from .errors import ModelError
+        from .importer.relax import function_built, hold_on_device
+
+        if not models:
+            raise ModelError("the module has no public Relax function (one with a global_symbol) to run: "
+                             "build it with relax.BlockBuilder.function or give its functions a global_symbol")
+        built = compile_with_snapshots(mod, target, pipeline)
+        hold_on_device(models, built.device)
+        probes: dict[str, Probe] = {}
+        for name, model in models.items():
+            fbuilt = function_built(built, name)
+            probe = cls(model, fbuilt, build_kernel_map(model, fbuilt.snapshots))
+            if probes:
+                probe._executor.share_vm(next(iter(probes.values()))._executor)
+            probes[name] = probe
+        first = next(iter(probes.values()))
+        first._functions = probes
+        return first
+
+    @classmethod
+    def from_imported(cls, imported: ImportedModel, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
+                      remote=None, precision=None) -> "Probe":
         """Compile a model an importer produced (what the ``from_*`` constructors do after importing).
 
         A ``remote`` device is connected to first, so that a wrong address fails before the compile.
+        ``precision`` (see :meth:`from_onnx`) converts the module before the pipeline compiles it.
         """
         if remote is not None:
             from .remote import connect
 
             remote = connect(remote)
+        lowered = None
+        if precision is not None:
+            from .precision.lower import lower_precision
+
+            imported, lowered = lower_precision(imported, precision)
         built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
-        return cls(imported, built, build_kernel_map(imported, built.snapshots), remote=remote)
+        probe = cls(imported, built, build_kernel_map(imported, built.snapshots), remote=remote)
+        if lowered is not None:
+            lowered.attach(probe)
+        return probe
+
+    # -- multi-function executables ------------------------------------------------------------
+    @property
+    def function(self) -> str:
+        """The VM function this probe's :meth:`run` calls (``"main"`` for imported models)."""
+        return getattr(self.imported, "function", "main")
+
+    @property
+    def functions(self) -> dict[str, "Probe"]:
+        """Function name → the probe of that function (this one among them)."""
+        return dict(self._functions)
+
+    @property
+    def vm(self):
+        """The Relax VM every function runs in (for builtins around calls, e.g. a KV cache's)."""
+        return self._executor.vm
+
+    def call(self, function: str, *args, capture: CaptureSpec = "all", kernel_times: bool | None = None):
+        """Run one function of the executable and capture it (every call is numbered from 0).
+
+        Args:
+            function: the VM function (see :attr:`functions`).
+            args: the arguments the compiled function takes, but the weights the probe holds
+                (``params=``): numpy arrays (checked, copied to the device) or anything the VM
+                takes as it is — tensors, a KV cache, ``ShapeTuple``, tuples and lists.
+            capture: as for :meth:`run` (names resolve within ``function``).
+            kernel_times: as for :meth:`run` (None: per-kernel times unless few kernels are wanted).
+
+        Returns:
+            What ``vm[function](*args)`` returns, as it returns it.
+        """
+        from .kv_cache import read_kv
+
+        probe = self._function_probe(function)
+        arrays = call_arguments(probe.imported, args, function)
+        layouts, capture = probe._kv_wanted(capture)
+        plan, wanted = probe._planner.plan(capture)
+        if self._calls and self._calls[-1].function != function:
+            probe._executor.forget_instrument()  # the VM holds the other function's instrument
+        result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times)
+        record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
+                            time_us=result.total_us, captured_bytes=captured_bytes(result))
+        for layout in layouts:  # what the KV cache holds after this call (it changes with the next)
+            record.kv.update(read_kv(arrays[layout.param], layout))
+        self._calls.append(record)
+        self._serve_run = False
+        return result.returned
+
+    @property
+    def kv_layouts(self) -> list:
+        """The paged KV caches this function attends with (:class:`tvm_probe.kv_cache.CacheLayout`)."""
+        if not hasattr(self, "_kv_layouts"):
+            from .kv_cache import cache_layouts
+
+            self._kv_layouts = cache_layouts(self.imported.mod["main"])
+        return self._kv_layouts
+
+    def _kv_wanted(self, capture: CaptureSpec) -> tuple[list, CaptureSpec]:
+        """The caches whose K/V a call with ``capture`` reads afterwards, and ``capture`` less
+        the K/V names (which are no kernel outputs)."""
+        layouts = self.kv_layouts
+        if not layouts or capture is None:
+            return [], capture
+        if capture == "all":
+            return layouts, capture
+        names = [capture] if isinstance(capture, str) else list(capture)
+        if not hasattr(self, "_kv_names"):
+            self._kv_names = frozenset(n for layout in layouts for n in layout.names())
+        kv_names = self._kv_names
+        if not kv_names.intersection(names):
+            return [], capture
+        chosen = [l for l in layouts if any(n in kv_names and n.startswith(l.name + ".") for n in names)]
+        rest = [n for n in names if n not in kv_names]
+        return chosen, rest
+
+    @property
+    def calls(self):
+        """DataFrame: one row per :meth:`call` — call, function, time_us, captured_bytes."""
+        import pandas as pd
+
+        return pd.DataFrame([{"call": r.index, "function": r.function, "time_us": r.time_us,
+                              "captured_bytes": r.captured_bytes} for r in self._calls],
+                            columns=["call", "function", "time_us", "captured_bytes"])
+
+    def forget_calls(self, keep_last: int = 0) -> None:
+        """Drop the captures of all calls but the last ``keep_last`` (every call keeps what it
+        captured until then: a long generation grows by one capture per step).  Calls keep
+        their numbers."""
+        if keep_last < 0:
+            raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
+        for record in self._calls[:len(self._calls) - keep_last]:
+            record.capture, record.values, record.kv, record.wanted = None, {}, {}, set()
+
+    def call_record(self, call: int | None = None) -> CallRecord:
+        """Call ``call`` (default: the last one), or a one-line error."""
+        if not self._calls:
+            raise NotRunError("no function has been called yet: use probe.call(function, *args)")
+        if call is None:
+            return self._calls[-1]
+        if not isinstance(call, (int, np.integer)) or not -len(self._calls) <= call < len(self._calls):
+            raise ProbeError(f"there is no call {call!r}: calls are numbered 0..{len(self._calls) - 1}")
+        record = self._calls[call]
+        if record.capture is None:
+            raise NotRunError(f"call {record.index} ({record.function}) was forgotten (forget_calls): "
+                              "only later calls can be read")
+        return record
+
+    def in_call(self, call: int | None = None):
+        """``with probe.in_call(k) as p:`` — ``p`` (the function's probe) serves call ``k``."""
+        record = self.call_record(call)
+        return serving(self._function_probe(record.function), record)
+
+    def get(self, name: str, call: int | None = None) -> np.ndarray:
+        """The value of ``name``: in the last :meth:`run`, or in call ``call`` of :meth:`call`
+        (default: the last call, when a call came after the last run).  Names resolve within
+        the function that call ran."""
+        if call is None and self._serve_run:
+            return super().get(name)
+        record = self.call_record(call)
+        if name in record.kv:
+            return record.kv[name]
+        with self.in_call(call) as probe:
+            return Results.get(probe, name)
+
+    def get_all(self, pattern: str, call: int | None = None) -> dict[str, np.ndarray]:
+        """Every value matching ``pattern`` (see :meth:`get` for ``call``)."""
+        if call is None and self._serve_run:
+            return super().get_all(pattern)
+        with self.in_call(call) as probe:
+            return Results.get_all(probe, pattern)
+
+    def compare(self, reference, call: int | None = None, name_map: Mapping[str, str] | None = None,
+                atol: float | None = None, rtol: float | None = None):
+        """Compare one call (default: the last) with ``reference`` (``{name: array}``, e.g. from
+        PyTorch forward hooks, by module path); ``name_map`` maps reference names to this
+        model's where the two models' paths differ.  Returns a
+        :class:`~tvm_probe.compare.Comparison`.  :func:`tvm_probe.calls.compare_calls` does
+        several calls at once (a report per call)."""
+        from .calls import compare_call
+
+        return compare_call(self, reference, call, name_map, atol, rtol)
+
+    def _function_probe(self, function: str) -> "Probe":
+        if function not in self._functions:
+            raise ProbeError(f"the executable has no function {function!r}: it has "
+                             f"{', '.join(self._functions)}")
+        return self._functions[function]
 
     @property
     def import_fixes(self) -> list:
@@ -195,13 +463,21 @@ class Probe(Results):
         computes.  A mismatch is a tvm_probe problem (please report it), not a TVM divergence.
         Costs about one extra compile and one unfused run.
 
+        The probe's last run is left as it was: ``get`` still answers for the run before.
+
         Returns:
             A :class:`~tvm_probe.verify.Verification`, truthy when nothing disagreed;
             ``.summary()`` is one line.
         """
         from .verify import verify
 
-        return verify(self, inputs)
+        saved = {name: getattr(self, name) for name in _RUN_STATE if hasattr(self, name)}
+        saved = {name: (value.copy() if isinstance(value, (dict, list, set)) else value) for name, value in saved.items()}
+        try:
+            return verify(self, inputs)
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
 
     @property
     def pipeline(self) -> str:
@@ -213,8 +489,11 @@ class Probe(Results):
 
     def _static_nodes(self) -> list[NodeInfo]:
         n_in = self.num_input_nodes
+        sources = self.imported.sources
+        # (a function's arguments may be objects — a KV cache, a shape — that are no source values)
         nodes = [NodeInfo(index=i, name=s.name, op="null", out_shapes=[s.shape], out_dtypes=[s.dtype],
-                          output_keys=[[s.name]]) for i, s in enumerate(self.imported.inputs)]
+                          output_keys=[[s.name] if s.name in sources else []])
+                 for i, s in enumerate(self.imported.inputs)]
         for site in self.kernel_map.sites:
             inputs = [(n_in + a.node, a.output) if a.kind is ArgKind.NODE else (a.input_index, 0)
                       for a in site.args if a.kind in (ArgKind.NODE, ArgKind.INPUT)]
@@ -230,7 +509,7 @@ class Probe(Results):
     # -- running ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
             capture: CaptureSpec = "all", stream_to=None, allow_nonfinite: bool = False,
-            **dump_options) -> dict[str, np.ndarray]:
+            kernel_times: bool | None = None, instrument=None, **dump_options) -> dict[str, np.ndarray]:
         """Run the deployed executable once and capture intermediate values.
 
         Args:
@@ -238,7 +517,15 @@ class Probe(Results):
                 a model with one input.
             capture: ``"all"``; a name, pattern or list of them (then only what those values
                 need is copied: their kernel outputs, or the inputs of the kernels that keep
-                them inside); or ``None`` for no capture at all (per-kernel times only).
+                them inside); or ``None`` for no capture at all.
+            kernel_times: time every kernel call (``probe.nodes["time_us"]``).  By default (None)
+                kernels are timed when the run goes through TVM's instrument anyway: the first
+                run of a probe, and runs capturing more than a few kernels; a run capturing
+                nothing or a few kernels observes only those and costs a plain run almost
+                nothing (see :mod:`tvm_probe.kernel_hook`).  True times every call; False
+                never asks for it.
+            instrument: your own :class:`~tvm_probe.instrument.Instrument`, called around
+                every kernel call with its call site and source names.
             stream_to: a dump folder: each copied tensor is written there as soon as the
                 kernel produced it, so peak memory stays near the model's own; the dump is
                 complete (same format as :meth:`dump`) when ``run`` returns, and later
@@ -251,6 +538,8 @@ class Probe(Results):
         Returns:
             The model outputs, by output tensor name.
         """
+        if len(self._functions) > 1 or hasattr(self.imported, "param_items"):
+            self._check_runnable()
         arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
         plan, wanted = self._planner.plan(capture)
         if dump_options and stream_to is None:
@@ -264,22 +553,33 @@ class Probe(Results):
 
                 run_streaming(self, arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
             else:
-                self._accept(self._executor.run(arrays, plan), wanted)
+                self._accept(self._executor.run(arrays, plan, kernel_times=kernel_times, observer=instrument), wanted)
+            self._serve_run = True
         finally:
             if build is not None:
                 _join_build(build)
         return dict(zip(self.imported.sources.model_outputs, self._capture.result))
+
+    def _check_runnable(self) -> None:
+        """run() feeds arrays to ``main``; a function taking objects or held weights needs call()."""
+        if len(self._functions) > 1:
+            raise ProbeError(f"this executable has {len(self._functions)} functions "
+                             f"({', '.join(self._functions)}): run one with probe.call(function, *args)")
+        if self.imported.held or any(s.dtype in ("object", "tuple", "shape", "prim") for s in self.imported.inputs):
+            raise ProbeError(f"{self.function}() takes held weights or non-tensor arguments: use "
+                             f"probe.call({self.function!r}, *args)")
 
     def _accept(self, capture: Capture, wanted: set[str] | None) -> None:
         """Make ``capture`` (which copied what ``wanted`` needs) the run values are served from.
 
         Only a run that completed gets here: a failed one leaves the previous run in place.
         """
-        self._capture, self._wanted, self._values = capture, wanted, {}
+        previous, self._capture, self._wanted, self._values = self._capture, capture, wanted, {}
         n_in, time_us, start_us = self.num_input_nodes, capture.time_us, capture.start_us
-        for node in self.node_infos[n_in:]:
-            node.time_us = time_us.get(node.index - n_in)
-            node.start_us = start_us.get(node.index - n_in)
+        if time_us or (previous is not None and previous.time_us):  # (an untimed run after another: nothing to do)
+            for node in self.node_infos[n_in:]:
+                node.time_us = time_us.get(node.index - n_in)
+                node.start_us = start_us.get(node.index - n_in)
         if self._symbolic:
             self._record_sizes(capture)
 
@@ -287,7 +587,8 @@ class Probe(Results):
         """Symbolic dimensions: the nodes take this run's sizes where the run shows them."""
         n_in = self.num_input_nodes
         for node, array in zip(self.node_infos[:n_in], capture.inputs):
-            node.out_shapes = [tuple(array.shape)]
+            if hasattr(array, "shape"):  # (a call's arguments may be objects: a KV cache, a shape)
+                node.out_shapes = [tuple(int(d) for d in array.shape)]
         for node in self.node_infos[n_in:]:
             site = node.index - n_in
             outs = capture.outputs[site] if site in capture.outputs else None
@@ -306,7 +607,10 @@ class Probe(Results):
         served = value.served
         place = self.kernel_map.places.get(key)
         if served is Served.INPUT:
-            return capture.inputs[value.node_index]
+            item = getattr(self.imported, "param_items", {}).get(key)
+            if item is not None:  # an element of a tuple argument (packed weights)
+                return as_numpy(capture.inputs[item[0]][item[1]])
+            return as_numpy(capture.inputs[value.node_index])
         if served is Served.SHAPE:  # the ONNX value is an int64 scalar or [1] tensor of that size
             size = capture.inputs[place.input_index].shape[place.output]
             return np.asarray(size, dtype=value.dtype or "int64").reshape(value.shape or ())
@@ -322,14 +626,7 @@ class Probe(Results):
             if key not in self._values:
                 self._values.update(self._recompute(self.kernel_map.sites[place.site], key))
             return self._values[key]
-        if served is Served.UNKNOWN:
-            raise ValueUnavailableError(
-                f"tvm_probe cannot tell where the compiled module holds {value.display_name!r} "
-                f"({self.kernel_map.lost.get(key, 'no place found')}); rather than guess, it serves "
-                "nothing: please report this with the model")
-        raise ValueUnavailableError(
-            f"{value.display_name!r} is dead code: no output of the source model depends on it, "
-            "so the compiled module never computes it")
+        raise not_computed(value, self.kernel_map.lost.get(key, ""), key in self.kernel_map.known_limits)
 
     def _evaluate_folded(self) -> dict[str, np.ndarray]:
         """Every value the pipeline folded: constants as they are, the rest in one build."""
@@ -341,7 +638,7 @@ class Probe(Results):
             # on this machine's CPU, as FoldConstant itself evaluates them (TVM builds them for "llvm")
             from .build import parse_target
 
-            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, parse_target("llvm"))))
+            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, parse_target(DEFAULT_TARGET))))
             values.update({k: arrays[v] for k, v in folded.items()})
         return values
 
@@ -394,6 +691,9 @@ class Probe(Results):
         with :func:`tvm_probe.load_dump` (no TVM needed).  To write a dump while the model runs,
         without holding its tensors in memory, use ``run(..., stream_to=path)`` instead.
 
+        After :meth:`call`, every call is written: ``calls.json`` and ``calls/<call>_<function>/``,
+        each folder in the layout of one run (see :func:`tvm_probe.store.assemble.dump_calls`).
+
         Args:
             overwrite: replace an existing folder (refused by default).
             include_weights: store the weights too (left out by default: they are the model's).
@@ -403,21 +703,30 @@ class Probe(Results):
                 that differs between runs of the same model, inputs and pipeline.
             metadata: JSON-friendly data to keep with the dump (e.g. where the model came from).
         """
-        from .store.assemble import DumpOptions, dump_probe
+        from .store.assemble import DumpOptions, dump_calls, dump_probe
 
+        if self._calls and not self._serve_run:  # calls of a multi-function executable
+            return dump_calls(self, path, DumpOptions(**options))
         return dump_probe(self, path, DumpOptions(**options))
 
     @property
     def device_label(self) -> str:
         """How dumps name the device: ``CPU_0``, ``CUDA_0``..."""
-        kind = self.built.target.kind.name
-        return {"llvm": "CPU", "c": "CPU"}.get(kind, kind.upper()) + "_0"
+        from .device import device_label
+
+        return device_label(self.built.target) + "_0"
 
     def __repr__(self) -> str:
         ran = "ran" if self._capture is not None else "not run"
         where = f", remote={self.remote}" if self.remote is not None else ""
+        if len(self._functions) > 1:
+            where += f", functions={list(self._functions)}, {len(self._calls)} calls"
         return (f"<Probe {len(self.imported.sources)} source values, {len(self.kernel_map.sites)} kernel "
                 f"calls, pipeline={self.built.pipeline!r}, target={self.built.target.kind.name}{where}, {ran}>")
+
+
+#: What a run leaves on a probe (restored by :meth:`Probe.verify`, which runs it once more).
+_RUN_STATE = ("_capture", "_wanted", "_values", "_folded", "_calls", "_serve_run")
 
 
 def _join_build(thread) -> None:

@@ -16,9 +16,11 @@ import threading
 
 import numpy as np
 
-from .build import device_for, native_log_to_logging, on_host
+from .device import device_for, on_host
 from .errors import ProbeError, TVMBehaviourChanged, one_line
 from .kernel_map import CallSite
+from .native_log import native_log_to_logging
+from .relax_analysis import bindings_computing
 
 log = logging.getLogger(__name__)
 
@@ -180,32 +182,6 @@ def _compile_cuts(groups, target):
         return tvm.compile(mod, target)
 
 
-def _slice(main, variables) -> list | None:
-    """The bindings of ``main`` that compute ``variables``, in order; None if any needs a parameter."""
-    from tvm import relax
-
-    order = {}
-    for i, b in enumerate(b for blk in main.body.blocks for b in blk.bindings):
-        order[b.var] = (i, b)
-    params = set(main.params)
-    needed, stack, seen = [], list(variables), set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        if v in params or v not in order:
-            return None
-        needed.append(order[v])
-        stack.extend(relax.analysis.free_vars(order[v][1].value))
-    return [b for _, b in sorted(needed, key=lambda ib: ib[0])]
-
-
-def depends_on_params(main, var) -> bool:
-    """True when computing ``var`` needs a model input (so it cannot have been folded)."""
-    return _slice(main, [var]) is None
-
-
 def evaluate_folded(module, variables, target) -> list[np.ndarray]:
     """Values of Vars that the pipeline's ``FoldConstant`` turned into constants, in one build.
 
@@ -216,7 +192,7 @@ def evaluate_folded(module, variables, target) -> list[np.ndarray]:
     import tvm
     from tvm import relax
 
-    needed = _slice(module["main"], variables)
+    needed = bindings_computing(module["main"], variables)
     outs = [relax.Var(f"folded{i}", v.ty) for i, v in enumerate(variables)]
     bindings = needed + [relax.VarBinding(o, v) for o, v in zip(outs, variables)]
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], relax.Tuple(outs))

@@ -13,7 +13,8 @@ strict:
   tolerance, NaN the reference has and TVM lacks, NaN TVM adds, infinities, shape) and the NaN
   disagreements at the same positions;
 * a *compile failure*: TVM's ONNX importer (or ``tvm.compile``) raises the same exception type
-  with the same message, up to the numbering of Relax temporaries, addresses and source lines.
+  with the same message, up to its numbers (Relax temporaries, registers, addresses, source
+  lines: :func:`tvm_probe.errors.failure_identity`, the rule the compile diagnosis uses too).
 
 **How.**  ONNX stores nodes in topological order.  The search first checks that the whole
 model, rebuilt as a sub-model, still fails; for a divergence it then tries the failing node
@@ -42,7 +43,6 @@ import hashlib
 import io
 import json
 import logging
-import re
 import shutil
 import string
 import subprocess
@@ -59,6 +59,7 @@ import numpy as np
 
 from .errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, one_line
 from .store.atomic import replace_folder
+from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES
 from .tolerance import EXACT, Tolerance, default_tolerance, within
 
 log = logging.getLogger(__name__)
@@ -149,11 +150,6 @@ class Divergence:
         return f"{tvm} computes {self.where} (output '{self.tensor}') unlike {reference}: {'; '.join(parts)}"
 
 
-_TEMPORARY = re.compile(r"\b(lv|gv|alloc|storage)\d+\b")
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_SOURCE_LINE = re.compile(r"[\w./\\-]+\.(?:cc|h|py|cpp):\d+")
-
-
 @dataclass(frozen=True)
 class CompileFailure:
     """TVM cannot import or compile the model.
@@ -176,19 +172,19 @@ class CompileFailure:
 
     @property
     def core(self) -> str:
-        """The message without what varies between equal failures (temporaries, addresses, lines)."""
-        text = _SOURCE_LINE.sub("<source>", self.message)
-        text = _ADDRESS.sub("0x?", _TEMPORARY.sub(r"\1#", text))
-        return " ".join(text.split())
+        """The failure's identity: type and message without what varies between equal failures
+        (:func:`tvm_probe.errors.failure_identity`, the one rule)."""
+        from .errors import failure_identity
+
+        return failure_identity(self.error_type, self.message)
 
     @property
     def short_message(self) -> str:
         return one_line(self.message)
 
     def same_as(self, other) -> bool:
-        """Same stage, same exception type, same message core."""
-        return (isinstance(other, CompileFailure) and self.stage == other.stage
-                and self.error_type == other.error_type and self.core == other.core)
+        """Same stage, same failure identity (exception type and message core)."""
+        return isinstance(other, CompileFailure) and self.stage == other.stage and self.core == other.core
 
     def headline(self, reference: str) -> str:
         doing = "import" if self.stage == "import" else "compile"
@@ -208,24 +204,12 @@ class TVMBuild:
     """A TVM build of the model (target and pipeline, as for :meth:`Probe.from_onnx`): the
     reference when two builds are compared."""
 
-    target: Any = "llvm"
-    pipeline: Any = "default"
+    target: Any = DEFAULT_TARGET
+    pipeline: Any = DEFAULT_PIPELINE
 
     @property
     def label(self) -> str:
         return build_label(self.target, self.pipeline)
-
-
-class _Onnxruntime:
-    """onnxruntime (CPU) as the reference."""
-
-    label = "onnxruntime"
-    build = None
-
-    def values(self, model, feeds) -> dict[str, np.ndarray]:
-        from .reference.onnxruntime import onnxruntime_values
-
-        return onnxruntime_values(model, feeds)
 
 
 class _TVMReference:
@@ -243,12 +227,39 @@ class _TVMReference:
         return served_values(probe)
 
 
+class _RuntimeReference:
+    """A registered reference (:mod:`tvm_probe.reference`) that runs ONNX models."""
+
+    build = None
+
+    def __init__(self, reference):
+        if not reference.runs("onnx"):
+            raise ReduceError(f"reference {reference.name!r} cannot run ONNX models, which reduce carves: "
+                              "use onnxruntime or a TVM build")
+        self.reference, self.label = reference, reference.name
+
+    def values(self, model, feeds) -> dict[str, np.ndarray]:
+        return self.reference.values(model, feeds)
+
+
+def _onnxruntime() -> _RuntimeReference:
+    from .reference import get_reference
+
+    return _RuntimeReference(get_reference("onnxruntime"))
+
+
+def _is_onnxruntime(reference) -> bool:
+    """Whether ``reference`` is onnxruntime (whose values of the whole model can be reused)."""
+    return isinstance(reference, _RuntimeReference) and reference.reference.name == "onnxruntime"
+
+
 def _as_reference(reference):
     """The reference object for ``reference`` (None, 'onnxruntime', a TVMBuild or a mapping)."""
     from .build import parse_target, resolve_pipeline
+    from .reference import get_reference
 
-    if reference is None or reference == "onnxruntime":
-        return _Onnxruntime()
+    if reference is None or isinstance(reference, str):
+        return _RuntimeReference(get_reference(reference or "onnxruntime"))
     if isinstance(reference, Mapping):
         spec = reference.get("tvm", reference)
         if not isinstance(spec, Mapping) or not set(spec) <= {"target", "pipeline"}:
@@ -256,7 +267,7 @@ def _as_reference(reference):
                               "{'tvm': {'target': ..., 'pipeline': ...}}")
         reference = TVMBuild(**spec)
     if not isinstance(reference, TVMBuild):
-        raise ReduceError(f"reference must be None or 'onnxruntime', a TVMBuild or "
+        raise ReduceError(f"reference must be None, a reference name ('onnxruntime'), a TVMBuild or "
                           f"{{'tvm': {{'target': ..., 'pipeline': ...}}}}, got {reference!r}")
     resolve_pipeline(reference.pipeline, parse_target(reference.target))  # PipelineError if unusable
     return _TVMReference(reference)
@@ -291,7 +302,7 @@ def build_label(target, pipeline, version: str = "") -> str:
     return f"{name} ({target_label(target)}, pipeline {pipeline_label(pipeline, target)})"
 
 
-def pipeline_label(pipeline, target="llvm") -> str:
+def pipeline_label(pipeline, target=DEFAULT_TARGET) -> str:
     """How reports name a pipeline: ``default``, ``fused`` or a custom pass's name."""
     from .build import parse_target, resolve_pipeline
 
@@ -350,7 +361,7 @@ class SubModels:
     """
 
     def __init__(self, proto, values: Mapping[str, np.ndarray]):
-        from .importer.onnx import node_inputs  # every tensor a node reads, subgraphs included
+        from .importer.onnx_graph import node_inputs  # every tensor a node reads, subgraphs included
 
         self.proto = proto
         self.nodes = list(proto.graph.node)
@@ -374,7 +385,9 @@ class SubModels:
         Raises:
             CannotCut: a tensor it must read or return has no tensor value.
         """
-        from onnx import helper, numpy_helper
+        from onnx import numpy_helper
+
+        from .importer.onnx_graph import sub_model
 
         kept = sorted(set(keep))
         kept_set = set(kept)
@@ -395,12 +408,8 @@ class SubModels:
         outputs = [self._info(name) for name in dict.fromkeys(wanted)]
         if not outputs:
             raise CannotCut("the nodes compute no output")
-        graph = helper.make_graph([self.nodes[i] for i in kept], self.proto.graph.name or "reduced",
-                                  inputs, outputs, weights)
-        model = helper.make_model(graph, opset_imports=list(self.proto.opset_import),
-                                  ir_version=self.proto.ir_version)
-        model.functions.extend(self.proto.functions)
-        return model
+        return sub_model(self.proto, [self.nodes[i] for i in kept], inputs, outputs, weights,
+                         name=self.proto.graph.name or "reduced", check=False)
 
     def feeds(self, model) -> dict[str, np.ndarray]:
         """The values that feed the graph inputs of a sub-model."""
@@ -519,7 +528,8 @@ class Checker:
         """How plain TVM (its ONNX frontend, then ``tvm.compile``) fails on ``model``; None if it builds."""
         from tvm.relax.frontend.onnx import from_onnx
 
-        from .build import compile_plain, native_log_to_logging
+        from .build import compile_plain
+        from .native_log import native_log_to_logging
 
         with native_log_to_logging(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -735,7 +745,7 @@ class Reduction:
 
 
 # --------------------------------------------------------------------------------- reduce
-def reduce(model, inputs: Mapping[str, np.ndarray], target="llvm", pipeline="default", reference=None,
+def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipeline=DEFAULT_PIPELINE, reference=None,
            out_dir=None, *, overwrite: bool = False, tolerance: Tolerance | None = None,
            progress: Callable[[ReduceStep], None] | None = None, verify: bool = True,
            max_seconds: float | None = None) -> Reduction:
@@ -782,7 +792,7 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target="llvm", pipeline="def
         whole = graph.model(range(len(graph)))
     except CannotCut as err:
         raise ReduceError(f"cannot rebuild the model from its nodes ({err}): reduce needs tensor values") from None
-    known = graph.values if isinstance(ref, _Onnxruntime) else None  # onnxruntime ran the same model already
+    known = graph.values if _is_onnxruntime(ref) else None  # onnxruntime ran the same model already
     failure, sources = checker.first_failure(whole, graph.feeds(whole), known)
     if failure is None:
         raise ReduceError(f"nothing to reduce: {build_label(target, pipeline)} builds the model and agrees with "
@@ -846,10 +856,10 @@ def _expected(checker: Checker, model, feeds) -> tuple[dict[str, np.ndarray], st
         values = checker.reference.values(model, feeds)
         return {n: values[n] for n in names}, checker.reference.label
     except (ProbeError, KeyError) as err:
-        if isinstance(checker.reference, _Onnxruntime):
+        if _is_onnxruntime(checker.reference):
             raise ReduceError(f"onnxruntime cannot run the reduced model: {err}") from None
         log.info("the reference build cannot run the reduced model (%s): expected values from onnxruntime", err)
-    values = _Onnxruntime().values(model, feeds)
+    values = _onnxruntime().values(model, feeds)
     return {n: values[n] for n in names}, f"onnxruntime (the reference, {checker.reference.label}, cannot run it)"
 
 
@@ -954,18 +964,49 @@ def repro_script(result: Reduction) -> str:
     build = (result.target, result.pipeline)
     builds = [build] + ([(result.reference.target, result.reference.pipeline)] if result.reference else [])
     for target, pipeline in builds:
-        if not isinstance(pipeline, str) or pipeline not in ("default", "fused"):
+        if not isinstance(pipeline, str) or pipeline not in PIPELINES:
             raise ReduceError(f"repro.py needs a named pipeline ('default' or 'fused'), not the custom pass "
                               f"{pipeline_label(pipeline, target)!r}: a standalone script cannot rebuild it")
     tolerances = {name: _tolerance_for(result, value) for name, value in result.expected.items()}
     reference = (None if result.reference is None
                  else (_target_literal(result.reference.target), result.reference.pipeline))
-    return string.Template(_REPRO).substitute(
+    script = string.Template(repro_template()).safe_substitute(
         TITLE=f"TVM {result.tvm_version}: {result.headline()}",
-        NODES_BEFORE=result.nodes_before, NODES_AFTER=result.nodes_after,
-        TARGET=_target_literal(result.target), PIPELINE=repr(result.pipeline),
-        REFERENCE="None" if reference is None else f"({reference[0]}, {reference[1]!r})",
-        REFERENCE_LABEL=repr(result.reference_label), TOLERANCES=repr(tolerances))
+        NODES_BEFORE=result.nodes_before, NODES_AFTER=result.nodes_after)
+    return _set_settings(script, {
+        "TARGET": _target_literal(result.target), "PIPELINE": repr(result.pipeline),
+        "REFERENCE": "None" if reference is None else f"({reference[0]}, {reference[1]!r})",
+        "REFERENCE_LABEL": repr(result.reference_label), "TOLERANCES": repr(tolerances)})
+
+
+REPRO_TEMPLATE = "templates/repro.py"
+"""The package file ``repro.py`` is written from: a runnable script whose settings block holds
+placeholder values, and whose docstring has ``$TITLE``, ``$NODES_AFTER`` and ``$NODES_BEFORE``."""
+
+
+def repro_template() -> str:
+    """The text of :data:`REPRO_TEMPLATE` (read from the installed package)."""
+    from importlib import resources
+
+    return resources.files("tvm_probe").joinpath(REPRO_TEMPLATE).read_text(encoding="utf-8")
+
+
+def _set_settings(script: str, values: Mapping[str, str]) -> str:
+    """``script`` with each ``NAME = ...`` line of its settings block set to ``values[NAME]``
+    (Python source), keeping the line's comment."""
+    lines = script.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("# -- settings"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("# -- end of settings"))
+    missing = set(values)
+    for i in range(start + 1, end):
+        name, _, rest = lines[i].partition(" = ")
+        if name in values:
+            comment = rest[rest.index("  # "):] if "  # " in rest else ""
+            lines[i] = f"{name} = {values[name]}{comment}"
+            missing.discard(name)
+    if missing:  # the template and this writer disagree: a tvm_probe bug
+        raise AssertionError(f"{REPRO_TEMPLATE} has no setting {sorted(missing)}")
+    return "\n".join(lines)
 
 
 def _tolerance_for(result: Reduction, value: np.ndarray) -> tuple[float, float]:
@@ -1007,134 +1048,3 @@ def readme(result: Reduction, transcript: str | None) -> str:
             "holds the outputs "
             f"{result.expected_from} computes from them.\n\n"
             + (f"## The model\n\n```\n{graph}\n```\n\n" if graph else "") + output)
-
-
-_REPRO = '''#!/usr/bin/env python3
-"""$TITLE
-
-A ${NODES_AFTER}-node ONNX model reduced (by tvm_probe) from a ${NODES_BEFORE}-node model.  Needs only
-apache-tvm, onnx (TVM's ONNX frontend reads it), onnxruntime and numpy:
-
-    python repro.py
-
-Exit status 1: the bug reproduces; 0: TVM agrees with the reference.
-"""
-import sys
-from pathlib import Path
-
-import numpy as np
-import onnx
-import onnxruntime
-import tvm
-from tvm import relax
-from tvm.relax.frontend.onnx import from_onnx
-
-HERE = Path(__file__).resolve().parent
-TARGET = $TARGET
-PIPELINE = $PIPELINE  # "default": tvm.compile's own; "fused": relax.get_default_pipeline(target)
-REFERENCE = $REFERENCE  # None: onnxruntime; else the (target, pipeline) of the TVM build to compare with
-REFERENCE_LABEL = $REFERENCE_LABEL
-TOLERANCES = $TOLERANCES  # output: (atol, rtol); pass when |tvm - ref| <= atol + rtol * |ref|
-
-
-def run_tvm(model, inputs, target, pipeline, stage):
-    """Import, compile and run ``model`` with TVM; ``stage[0]`` says how far it got."""
-    target = tvm.target.Target(target)
-    stage[0] = "TVM's ONNX importer"
-    mod = from_onnx(model)
-    stage[0] = "tvm.compile"
-    if pipeline == "fused":
-        executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
-    else:
-        executable = tvm.compile(mod, target)
-    stage[0] = "running the compiled model"
-    kind = target.kind.name
-    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
-    vm = relax.VirtualMachine(executable, device)
-    weights = {t.name for t in model.graph.initializer}
-    args = [tvm.runtime.tensor(inputs[i.name], device) for i in model.graph.input if i.name not in weights]
-    result = vm["main"](*args)
-    results = [result] if hasattr(result, "numpy") else list(result)
-    return {o.name: r.numpy() for o, r in zip(model.graph.output, results)}
-
-
-def run_onnxruntime(model, inputs):
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    values = session.run(None, {i.name: inputs[i.name] for i in session.get_inputs()})
-    return {o.name: v for o, v in zip(session.get_outputs(), values)}
-
-
-def agree(got, ref, atol, rtol):
-    """Elementwise agreement: within atol + rtol * |ref|; NaN agrees with NaN, inf with itself."""
-    got, ref = np.asarray(got), np.asarray(ref)
-    if got.shape != ref.shape:
-        return None
-    g, r = got.astype(np.float64), ref.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        close = np.abs(g - r) <= atol + rtol * np.abs(r)
-    return (np.isnan(g) & np.isnan(r)) | (np.isinf(r) & (g == r)) | (close & np.isfinite(g) & np.isfinite(r))
-
-
-def show(label, array):
-    """``label`` then ``array`` (dtype, shape, values), continuation lines aligned."""
-    array = np.asarray(array)
-    head = f"{label}{array.dtype}{list(array.shape)} "
-    return head + np.array2string(array, threshold=64, precision=6, separator=", ", prefix=head)
-
-
-def main():
-    print(f"tvm {tvm.__version__}, onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, "
-          f"numpy {np.__version__}; target {TARGET}, pipeline {PIPELINE}")
-    model = onnx.load(str(HERE / "model.onnx"))
-    with np.load(HERE / "inputs.npz") as f:
-        inputs = {k: f[k] for k in f.files}
-    with np.load(HERE / "expected.npz") as f:
-        expected = {k: f[k] for k in f.files}
-    try:
-        reference = (run_onnxruntime(model, inputs) if REFERENCE is None
-                     else run_tvm(model, inputs, REFERENCE[0], REFERENCE[1], [""]))
-    except Exception as err:
-        print(f"the reference ({REFERENCE_LABEL}) fails ({type(err).__name__}: {err}); using expected.npz")
-        reference = expected
-    for name, value in expected.items():
-        ok = agree(reference[name], value, *TOLERANCES[name])
-        if ok is None or not ok.all():
-            print(f"note: {REFERENCE_LABEL} now computes {name!r} differently from expected.npz")
-    stage = [""]
-    try:
-        got = run_tvm(model, inputs, TARGET, PIPELINE, stage)
-    except Exception as err:
-        print(f"{stage[0]} fails: {type(err).__name__}: {err}")
-        for name, value in expected.items():
-            print(show(f"expected output '{name}' ({REFERENCE_LABEL}): ", value))
-        print("REPRODUCED: TVM fails on the model")
-        return 1
-    bad = []
-    for name, ref in expected.items():
-        ok = agree(got[name], ref, *TOLERANCES[name])
-        print(f"output '{name}'")
-        print(show("  TVM:       ", got[name]))
-        print(show("  reference: ", ref) + f"  ({REFERENCE_LABEL})")
-        if ok is None:
-            print(f"  MISMATCH output '{name}': shape {list(np.shape(got[name]))} vs {list(np.shape(ref))}")
-            bad.append(name)
-        elif not ok.all():
-            g, r = np.asarray(got[name], np.float64), np.asarray(ref, np.float64)
-            finite = ~ok & np.isfinite(g) & np.isfinite(r)
-            max_abs = float(np.abs(g - r)[finite].max()) if finite.any() else 0.0
-            nan = int((~ok & (np.isnan(g) != np.isnan(r))).sum())
-            print(f"  MISMATCH output '{name}': {int((~ok).sum())} of {ok.size} elements differ, "
-                  f"max abs error {max_abs:.6g}, NaN on one side only at {nan}")
-            bad.append(name)
-        else:
-            print("  agree")
-    if bad:
-        print(f"REPRODUCED: TVM differs from {REFERENCE_LABEL} at {', '.join(bad)}")
-        return 1
-    print(f"NOT REPRODUCED: TVM agrees with {REFERENCE_LABEL}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''

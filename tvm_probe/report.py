@@ -4,7 +4,8 @@ Everything here reads the plain data of :class:`~tvm_probe.results.Results` (a l
 dump read back) and, optionally, a :class:`~tvm_probe.compare.Comparison`; nothing needs TVM.
 The HTML page has no external resources: CSS is inline and both plots (error per op along the
 model, time per kernel) are SVG drawn here, so the page opens offline and matplotlib is not
-needed.  The graph SVG comes from Graphviz's ``dot`` when it is installed.
+needed.  The graph SVG comes from Graphviz's ``dot`` when it is installed, else from
+:func:`layout_svg`, a layered drawing of our own.
 """
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from .compare import Status
 from .errors import ProbeError
 from .schema import REPORT_FORMATS as FORMATS
 # Fill of a graph node by the comparison of the values it outputs or keeps inside.
-FILL = {"passed": "#a5d6a7", "divergent": "#e53935", "failing": "#ffb74d", "not compared": "#e0e0e0"}
+FILL = {Status.PASSED.value: "#a5d6a7", Status.FIRST_DIVERGENT.value: "#e53935", Status.DIVERGED.value: "#ffb74d",
+        Status.UNCHECKED.value: "#e0e0e0"}
 _MAX_NAMES = 4     # names listed in a graph box before "+N more"
 _MAX_LABEL = 48    # characters of one shortened name
 _PLOT_W = 960      # fixed plot width: many values make thin bars, never a wider page
@@ -31,7 +34,7 @@ def nodes_table(results, comparison=None):
     """DataFrame, one row per graph node: :attr:`Results.nodes` plus ``view`` and ``inputs``.
 
     ``inputs`` lists the producing node of each argument.  With a ``comparison``, ``status``
-    (passed / divergent / failing / not compared) and ``max_abs`` (worst error of the node's
+    (passed / first divergent / diverged / unchecked: the words of :class:`~tvm_probe.compare.Status`) and ``max_abs`` (worst error of the node's
     values) say how the node's values compared.
     """
     table = results.nodes  # a fresh DataFrame each time: safe to extend
@@ -68,9 +71,9 @@ def _node_status(results, comparison):
         vals = by_node.get(n.index, [])
         if vals:
             worst[n.index] = max(v.max_abs for v in vals)
-        status[n.index] = ("divergent" if first is not None and any(v is first for v in vals)
-                           else "failing" if any(not v.passed for v in vals)
-                           else "passed" if vals else "not compared")
+        status[n.index] = (Status.FIRST_DIVERGENT if first is not None and any(v is first for v in vals)
+                           else Status.DIVERGED if any(not v.passed for v in vals)
+                           else Status.PASSED if vals else Status.UNCHECKED).value
     return status, worst
 
 
@@ -88,7 +91,8 @@ def write_report(folder, results, comparison=None, formats=FORMATS, title="tvm_p
     """Write the report files into ``folder``; return ``{kind: path}``.
 
     ``csv``: nodes.csv, sources.csv, compare.csv (with a comparison); ``html``: report.html;
-    ``graph``: graph.dot, and graph.svg when Graphviz's ``dot`` is on PATH.  Every file is
+    ``graph``: graph.dot and graph.svg (drawn by Graphviz's ``dot`` when it is on PATH, else by
+    :func:`layout_svg`).  Every file is
     written under a temporary name and renamed into place, so none is ever half-written.
     """
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -106,8 +110,8 @@ def write_report(folder, results, comparison=None, formats=FORMATS, title="tvm_p
     svg = render_svg(dot) if dot else None  # the page shows the graph too
     if "graph" in formats:
         texts["dot"] = ("graph.dot", dot)
-        if svg is not None:
-            texts["svg"] = ("graph.svg", svg)
+        # Graphviz's drawing, else our own: graph.svg is always written
+        texts["svg"] = ("graph.svg", svg or '<?xml version="1.0" encoding="UTF-8"?>\n' + layout_svg(results, comparison) + "\n")
     if "html" in formats:
         texts["html"] = ("report.html", _html_page(results, comparison, svg, title))
     folder = Path(folder)
@@ -137,7 +141,7 @@ def to_dot(results, comparison=None) -> str:
 
     A box shows the kernel symbol, its output source names (shortened; full names in the
     tooltip) and, smaller, the names fused away inside it.  Fill: green = every value passed,
-    red = the first divergent op, orange = other failing, grey = not compared.
+    red = the first divergent op, orange = other diverged, grey = unchecked.
     """
     status, _ = _node_status(results, comparison)
     names = lambda keys: [results.sources_map[k].display_name for k in keys]  # noqa: E731
@@ -206,13 +210,12 @@ def _html_text(text: str) -> str:
 
 
 def write_graph(results, path, comparison=None) -> Path:
-    """Write the graph to ``path``: DOT for ``.dot``, SVG (needs Graphviz) for ``.svg``."""
+    """Write the graph to ``path``: DOT for ``.dot``, SVG for ``.svg`` (Graphviz's when installed, else :func:`layout_svg`)."""
     path = Path(path)
     dot = to_dot(results, comparison)
     if path.suffix == ".svg":
-        text = render_svg(dot)
-        if text is None:
-            raise ProbeError("writing SVG needs Graphviz's 'dot' program: install graphviz or write a .dot file")
+        # without Graphviz, the drawing of our own (the report's fallback)
+        text = render_svg(dot) or '<?xml version="1.0" encoding="UTF-8"?>\n' + layout_svg(results, comparison) + "\n"
     elif path.suffix == ".dot":
         text = dot
     else:
@@ -267,7 +270,10 @@ def _html_page(results, comparison, graph_svg: str | None, title: str) -> str:
     if graph_svg:  # drop the XML prolog and DOCTYPE: only the <svg> element goes inline
         body.append(f'<div class="graph">{graph_svg[graph_svg.find("<svg"):]}</div>')
     else:
-        body.append('<p class="note">No picture: Graphviz <code>dot</code> is missing or failed; see graph.dot.</p>')
+        # drawn here: Graphviz is optional
+        body.append('<p class="note">Drawn by tvm_probe (Graphviz <code>dot</code> is not installed or failed; '
+                    'graph.dot has the DOT text).</p>')
+        body.append(f'<div class="graph" id="kernel-graph">{layout_svg(results, comparison)}</div>')
     if comparison is not None:
         body += ['<h2 id="compare">Compared values</h2>', _table(compare_table(comparison))]
     body += ['<h2 id="nodes">Graph nodes</h2>', _table(nodes_table(results, comparison)),
@@ -380,3 +386,151 @@ def _time_plot(results, height: int = 220) -> str:
         body.append(f'<rect x="{left + i * step:.2f}" y="{up + h - bh:.1f}" width="{max(step * 0.85, 0.5):.2f}" '
                     f'height="{bh:.1f}" fill="#1e88e5"><title>{tip}</title></rect>')
     return _svg(height, body, "time per kernel call")
+
+
+# ------------------------------------------------------------------ reduced precision (precision.py)
+def precision_ranking_html(analysis, keep_fp32=(), lines=()) -> str:
+    """An HTML section: the source ops of a reduced-precision build ranked by the error each adds
+    by itself (local), beside the error it inherits and its inf/NaN/flushed-to-zero counts; the
+    ops kept in fp32 marked.  ``analysis`` is a :class:`tvm_probe.precision.PrecisionAnalysis`."""
+    esc = html.escape
+    table = analysis.table()
+    table.insert(1, "keep_fp32", table["name"].isin(list(keep_fp32)))
+    head = "".join(f"<p>{esc(line)}</p>" for line in lines)
+    return (f'<h2 id="precision">Ops ranked by local error in {esc(analysis.dtype)}</h2>\n{head}\n'
+            '<p class="note">local: the op alone, fed the fp32 run\'s values in the reduced dtypes, against the same '
+            "op in fp32 on those values; inherited: the reduced build's value against the fp32 build's (errors "
+            "normalized by the fp32 value's largest magnitude; inf when the op creates inf or NaN).</p>\n"
+            + _table(table))
+
+
+def write_precision_report(folder, search) -> dict[str, Path]:
+    """``ranking.csv`` and ``precision.html`` for what ``tvm-probe precision`` found
+    (a :class:`tvm_probe.precision.Search`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    csv = _write_atomic(folder / "ranking.csv", search.analysis.table().to_csv(index=False))
+    section = precision_ranking_html(search.analysis, search.keep_fp32, search.lines())
+    page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>tvm_probe precision</title>\n'
+            f"<style>{_CSS}</style>\n</head>\n<body>\n<h1>tvm_probe precision</h1>\n{section}\n</body>\n</html>\n")
+    return {"ranking": csv, "html": _write_atomic(folder / "precision.html", page)}
+
+
+# ------------------------------------------------------------------------------------ graph without Graphviz
+# A layered drawing of our own (no Graphviz, no JavaScript): kernels in rows by longest path from
+# the inputs, ordered in each row by where their producers sit (barycentres, a few sweeps), boxes
+# sized to their text, edges as curves.  Enough for a few hundred kernels in a scrolling box.
+_BOX_H_LINE, _ROW_GAP, _COL_GAP, _CHAR_W = 13, 34, 14, 6.2
+
+
+def layout_svg(results, comparison=None) -> str:
+    """The kernel graph as SVG drawn in Python (what the report shows when Graphviz is missing).
+
+    Same content as :func:`to_dot`: kernels as boxes (symbol, output source names), model
+    inputs as rounded boxes, views dashed, fill by comparison status, full names on hover.
+    Every box is a ``<g class="node" id="node-<index>">``.
+    """
+    status, _ = _node_status(results, comparison)
+    nodes = results.node_infos
+    preds = {n.index: sorted({i for i, _ in n.inputs if 0 <= i < len(nodes)}) for n in nodes}
+    boxes = {n.index: _box(results, n) for n in nodes}
+    rank = {}
+    for n in nodes:  # node order is execution order: producers come first
+        rank[n.index] = max((rank[p] + 1 for p in preds[n.index] if p in rank), default=0)
+    rows: dict[int, list[int]] = {}
+    for i in sorted(rank, key=lambda i: (rank[i], i)):
+        rows.setdefault(rank[i], []).append(i)
+    succs: dict[int, list[int]] = {i: [] for i in rank}
+    for i, ps in preds.items():
+        for p in ps:
+            succs[p].append(i)
+    x = _place(rows, preds, succs, boxes)
+    top, y = 10.0, {}
+    for r in sorted(rows):
+        height = max(boxes[i][1] for i in rows[r])
+        for i in rows[r]:
+            y[i] = top + (height - boxes[i][1]) / 2
+        top += height + _ROW_GAP
+    shift = 10 - min(x[i] - boxes[i][0] / 2 for i in x)
+    width = max(x[i] + boxes[i][0] / 2 for i in x) + shift + 10
+    body = [('<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" markerHeight="6" '
+             'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#616161"/></marker></defs>')]
+    for i, ps in preds.items():
+        for p in ps:
+            x1, y1 = x[p] + shift, y[p] + boxes[p][1]
+            x2, y2 = x[i] + shift, y[i]
+            bend = max(18.0, (y2 - y1) / 2)
+            body.append(f'<path class="edge" d="M{x1:.1f},{y1:.1f} C{x1:.1f},{y1 + bend:.1f} {x2:.1f},{y2 - bend:.1f} '
+                        f'{x2:.1f},{y2:.1f}" fill="none" stroke="#9e9e9e" marker-end="url(#arrow)"/>')
+    for n in nodes:
+        w, h, lines, tip = boxes[n.index]
+        left, up = x[n.index] + shift - w / 2, y[n.index]
+        dash = ' stroke-dasharray="4 2"' if n.is_view else ""
+        rx = 10 if n.op == "null" else 3
+        body.append(f'<g class="node" id="node-{n.index}" data-status="{html.escape(status[n.index])}">'
+                    f"<title>{html.escape(tip)}</title>"
+                    f'<rect x="{left:.1f}" y="{up:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" '
+                    f'fill="{FILL[status[n.index]]}" stroke="#424242"{dash}/>')
+        for k, line in enumerate(lines):
+            weight = ' font-weight="bold"' if k == 0 else ""
+            body.append(f'<text x="{left + w / 2:.1f}" y="{up + 13 + k * _BOX_H_LINE:.1f}" '
+                        f'text-anchor="middle"{weight}>{html.escape(line)}</text>')
+        body.append("</g>")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{top:.0f}" '
+            f'viewBox="0 0 {width:.0f} {top:.0f}" role="img" aria-label="kernel graph" '
+            f'font-family="sans-serif" font-size="10">\n' + "\n".join(body) + "\n</svg>")
+
+
+def _box(results, node) -> tuple[float, float, list[str], str]:
+    """Width, height, text lines and tooltip of one node's box."""
+    outs = [results.sources_map[k].display_name for keys in node.output_keys for k in keys]
+    inside = [results.sources_map[k].display_name for k in node.interior_keys]
+    head = node.name if node.op == "null" else (node.symbol or node.name)
+    if node.occurrence:
+        head += f" #{node.occurrence}"
+    lines = [_clip(head)] + [_clip(s) for s in _name_lines(outs)[:3]]
+    if inside:
+        lines.append(f"+{len(inside)} fused inside")
+    tip = "\n".join([f"node {node.index}: {head}", *outs, *(f"inside: {s}" for s in inside)])
+    width = min(max(90.0, _CHAR_W * max(len(s) for s in lines) + 12), 330.0)
+    return width, 6 + _BOX_H_LINE * len(lines), lines, tip
+
+
+def _clip(text: str, limit: int = 52) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _place(rows, preds, succs, boxes) -> dict[int, float]:
+    """Centre x of every node: rows ordered by barycentre, then packed without overlap."""
+    order = {r: list(ids) for r, ids in rows.items()}
+    x = {}
+
+    def pack(r):
+        pos = 0.0
+        for i in order[r]:
+            x[i] = pos + boxes[i][0] / 2
+            pos += boxes[i][0] + _COL_GAP
+
+    for r in sorted(order):
+        pack(r)
+    for sweep in range(4):  # down (by producers), up (by consumers), twice
+        ranks = sorted(order) if sweep % 2 == 0 else sorted(order, reverse=True)
+        for r in ranks:
+            nbrs = preds if sweep % 2 == 0 else succs
+            want = {i: (sum(x[j] for j in nbrs[i]) / len(nbrs[i]) if nbrs[i] else x[i]) for i in order[r]}
+            order[r].sort(key=lambda i: want[i])
+            _spread(order[r], want, boxes, x)
+    return x
+
+
+def _spread(row: list[int], want: dict[int, float], boxes, x: dict[int, float]) -> None:
+    """Put each box of ``row`` (in order) as near its wanted centre as the ones before it allow,
+    then shift the whole row back so that it is centred on what it wanted on average."""
+    prev_right = -math.inf
+    for i in row:
+        half = boxes[i][0] / 2
+        x[i] = max(want[i], prev_right + _COL_GAP + half)
+        prev_right = x[i] + half
+    offset = sum(x[i] - want[i] for i in row) / len(row)
+    for i in row:
+        x[i] -= offset

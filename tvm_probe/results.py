@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ProbeError
+from .dtypes import nbytes as dtype_nbytes
+
+from .errors import ProbeError, ValueUnavailableError
 from .names import NameIndex
-from .sources import SourceMap
+from .sources import Served, SourceMap
 
 
 @dataclass
@@ -45,6 +47,8 @@ class Results:
 
     sources_map: SourceMap
     node_infos: list[NodeInfo]
+    #: a dump read back (:class:`~tvm_probe.store.dump.DumpReader`), not a live run
+    is_dump: bool = False
 
     def _init_results(self, sources: SourceMap, nodes: list[NodeInfo]) -> None:
         self.sources_map = sources
@@ -135,10 +139,11 @@ class Results:
                 return value.display_name
         return None
 
-    def served(self, name: str) -> str:
-        """How the value of ``name`` is obtained: captured, view, recomputed, constant, ..."""
+    def served(self, name: str) -> Served:
+        """How the value of ``name`` is obtained: a :class:`~tvm_probe.sources.Served`
+        (captured, view, recomputed, constant, ...; equal to its word: ``== "recomputed"``)."""
         value = self.sources_map[self.resolve(name)]
-        return value.served.value if value.served else "unknown"
+        return value.served or Served.UNKNOWN
 
     @property
     def sources(self):
@@ -170,8 +175,7 @@ class Results:
         total = sum(n.time_us or 0.0 for n in self.node_infos) or None
         rows = []
         for n in self.node_infos:
-            nbytes = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-                         for s, d in zip(n.out_shapes, n.out_dtypes) if _known_dtype(d))
+            nbytes = sum(dtype_nbytes(s, d) for s, d in zip(n.out_shapes, n.out_dtypes))
             names = [self.sources_map[k].display_name for ks in n.output_keys for k in ks]
             rows.append({
                 "index": n.index, "op": n.op, "symbol": n.symbol, "occurrence": n.occurrence,
@@ -188,9 +192,15 @@ class Results:
         return table
 
 
-def _known_dtype(name: str) -> bool:
-    try:
-        np.dtype(name)
-        return True
-    except TypeError:
-        return False
+def not_computed(value, why_unknown: str = "", known_limit: bool = False) -> ValueUnavailableError:
+    """The error for a value the compiled module does not hold: dead code (``UNAVAILABLE``), or
+    a value tvm_probe could not place (``UNKNOWN``, with ``why_unknown``; ``known_limit``: a limit
+    tvm_probe knows it has, not a surprise to report).  One wording for a probe and a dump."""
+    if value.served is Served.UNKNOWN:
+        report = "" if known_limit else ": please report this with the model"
+        return ValueUnavailableError(
+            f"tvm_probe cannot tell where the compiled module holds {value.display_name!r} "
+            f"({why_unknown or 'no place found'}); rather than guess, it serves nothing{report}")
+    return ValueUnavailableError(
+        f"{value.display_name!r} is dead code: no output of the source model depends on it, so the "
+        "compiled module never computes it")

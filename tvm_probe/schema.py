@@ -6,26 +6,54 @@ Tolerances have their own home (:mod:`tvm_probe.tolerance`), demo sizes theirs
 from __future__ import annotations
 
 import fnmatch
-from enum import IntEnum
+from enum import Enum, IntEnum
 
+#: Pipelines known by name: "default" is what ``tvm.compile`` uses, "fused" is
+#: ``relax.get_default_pipeline(target)`` (see :func:`tvm_probe.build.resolve_pipeline`).
 PIPELINES = ("default", "fused")
-REFERENCES = ("none", "onnxruntime", "torch", "tflite", "tvm")  # tvm: another TVM build of the model
+DEFAULT_PIPELINE = "default"
+DEFAULT_TARGET = "llvm"
+
+
+class ModelKind(str, Enum):
+    """The kinds of source model: what a config's ``model:`` names and which importer and
+    default reference take it (compares equal to its value: ``ModelKind.ONNX == "onnx"``)."""
+
+    ONNX = "onnx"
+    TFLITE = "tflite"
+    TORCH = "torch"
+    DEMO = "demo"  # the built-in ONNX BERT, built in code
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def described(self) -> str:
+        """The kind in a sentence: "a PyTorch model"."""
+        return _DESCRIBED.get(self.value, f"a {self.value}") + " model"
+
+
+_DESCRIBED = {"onnx": "an ONNX", "tflite": "a TFLite", "torch": "a PyTorch", "demo": "an ONNX"}
 REPORT_FORMATS = ("csv", "html", "graph")
 
 
 class Exit(IntEnum):
-    """Exit statuses of ``tvm-probe``."""
+    """Exit statuses of ``tvm-probe``; :attr:`meaning` is what ``--help`` and the README say."""
 
-    OK = 0          # every value asked about was compared and is within tolerance
-    DIVERGED = 1    # some value diverges, or was asked about and could not be checked
-    BAD_INPUT = 2   # a bad model, config, input or dump: a one-line error says which
-    INTERNAL = 3    # a bug in tvm_probe (or a TVM behaviour it does not know)
-    TVM_FAILED = 4  # TVM cannot import, compile or run the model: the error names where
+    OK = 0, "all values checked and within tolerance"
+    DIVERGED = 1, "some value diverges or was left unchecked"
+    BAD_INPUT = 2, "bad input (a bad model, config, input or dump: a one-line error says which)"
+    INTERNAL = 3, "internal error (a tvm_probe bug, or a TVM behaviour it does not know)"
+    TVM_FAILED = 4, "TVM cannot import, compile or run the model (the error names where)"
+
+    def __new__(cls, value: int, meaning: str):
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
 
 
-EXIT_HELP = ("Exit status: 0 all values checked and within tolerance, 1 some value diverges or was left "
-             "unchecked, 2 bad input, 3 internal error (a tvm_probe bug), 4 TVM cannot import, compile "
-             "or run the model.")
+EXIT_HELP = "Exit status: " + ", ".join(f"{int(e)} {e.meaning}" for e in Exit) + "."
 
 
 def name_matches(name: str, pattern: str) -> bool:

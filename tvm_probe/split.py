@@ -26,7 +26,6 @@ use them, so a cut costs a download from the device before it and an upload to t
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 from itertools import combinations
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import numpy as np
 
 from .errors import ProbeError
 from .names import NameIndex, is_pattern
+from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET, name_matches
 from .sources import Kind, SourceMap
 
 # A path component naming one repeated layer: layer_._3, layer.3, layers.3, h.3, block_3 ...
@@ -68,7 +68,7 @@ class Stage:
         machine).  The compiled stage is uploaded once per device, not compiled again."""
         if device is None:
             return self.probe
-        from .remote import parse_remote
+        from .remote.spec import parse_remote
 
         spec = parse_remote(device)
         if spec not in self._remote:
@@ -169,8 +169,7 @@ def _cut_position(name: str, proto, names: NameIndex, sources: SourceMap) -> int
     """Topo index of the last node the cut ``name`` covers (value name, scope or glob)."""
     node_names = [n.name for n in proto.graph.node]
     if is_pattern(name):
-        hits = [i for i, n in enumerate(node_names) if n and (fnmatch.fnmatchcase(n, name)
-                                                               or fnmatch.fnmatchcase(n, "*/" + name))]
+        hits = [i for i, n in enumerate(node_names) if n and name_matches(n, name)]
     else:
         prefixes = _scope_prefixes(name.strip("/") + "/", node_names)
         if len(prefixes) > 1:
@@ -201,11 +200,13 @@ def _scope_prefixes(scope: str, node_names) -> set[str]:
 
 
 def _consumers(proto) -> dict[str, list[int]]:
+    """Tensor name → positions of the nodes that read it, inside their subgraphs (If) too."""
+    from .importer.onnx_graph import node_inputs
+
     users: dict[str, list[int]] = {}
     for i, node in enumerate(proto.graph.node):
-        for name in node.input:
-            if name:
-                users.setdefault(name, []).append(i)
+        for name in node_inputs(node):
+            users.setdefault(name, []).append(i)
     return users
 
 
@@ -222,30 +223,29 @@ def _crossing(proto, sources: SourceMap, position: int, users) -> list[str]:
 
 
 def _stage_model(proto, sources: SourceMap, lo: int, hi: int, outputs: list[str], index: int):
-    """ONNX sub-model of nodes ``lo..hi`` producing ``outputs``; inputs are what it reads from outside."""
-    import onnx
+    """ONNX sub-model of nodes ``lo..hi`` producing ``outputs``; inputs are what it reads from
+    outside (inside its If branches too)."""
     from onnx import helper
 
+    from .importer.onnx_graph import outside_reads, sub_model
+
     nodes = list(proto.graph.node[lo: hi + 1])
-    produced = {o for n in nodes for o in n.output}
     inits = {t.name: t for t in proto.graph.initializer}
-    needed = [i for n in nodes for i in n.input if i and i not in produced]
-    inputs = list(dict.fromkeys(i for i in needed if i not in inits))
-    weights = [inits[i] for i in dict.fromkeys(needed) if i in inits]
+    needed = outside_reads(nodes)
+    inputs = [i for i in needed if i not in inits]
+    weights = [inits[i] for i in needed if i in inits]
 
     def info(key):
         value = sources[key]
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype))
         return helper.make_tensor_value_info(key, elem, list(value.shape))
 
-    graph = helper.make_graph(nodes, f"{proto.graph.name or 'model'}_stage{index}",
-                              [info(i) for i in inputs], [info(o) for o in outputs], weights)
-    model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
-    onnx.checker.check_model(model)
+    model = sub_model(proto, nodes, [info(i) for i in inputs], [info(o) for o in outputs], weights,
+                      name=f"{proto.graph.name or 'model'}_stage{index}")
     return model, inputs
 
 
-def split(model, cuts: Sequence[str], target="llvm", pipeline="default", shapes=None) -> SplitPlan:
+def split(model, cuts: Sequence[str], target=DEFAULT_TARGET, pipeline=DEFAULT_PIPELINE, shapes=None) -> SplitPlan:
     """Cut ``model`` after each of ``cuts`` (in model order) and compile every stage.
 
     Args:
@@ -381,7 +381,7 @@ def node_times(probe) -> np.ndarray:
     return times
 
 
-def balance(model, n: int, inputs: Mapping[str, np.ndarray], target="llvm", pipeline="default",
+def balance(model, n: int, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipeline=DEFAULT_PIPELINE,
             runs: int = 3, probe=None) -> tuple[list[str], float]:
     """Propose ``n`` cuts at layer boundaries that even out measured stage time.
 
@@ -397,7 +397,7 @@ def balance(model, n: int, inputs: Mapping[str, np.ndarray], target="llvm", pipe
     probe = probe or Probe.from_onnx(model, target=target, pipeline=pipeline)
     samples = []
     for _ in range(max(1, runs)):
-        probe.run(inputs, capture=None)
+        probe.run(inputs, capture=None, kernel_times=True)
         samples.append(node_times(probe))
     cumulative = np.cumsum(np.median(np.stack(samples), axis=0))
     total = cumulative[-1]

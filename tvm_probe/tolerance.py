@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import canonical, is_exact
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -40,10 +42,17 @@ def default_tolerance(dtype) -> Tolerance:
     Defaults to atol 1e-4, rtol 1e-3 for float32; 5e-3 / 5e-3 for float16; 5e-2 / 3e-2 for
     bfloat16; 1e-7 / 1e-6 for float64.
     """
-    name = str(np.dtype(dtype)) if not str(dtype) == "bfloat16" else "bfloat16"
+    name = canonical(dtype)
     if name in _BY_DTYPE:
         return _BY_DTYPE[name]
-    return EXACT if np.dtype(name).kind in "biu" else _BY_DTYPE["float32"]
+    return EXACT if is_exact(name) else _BY_DTYPE["float32"]
+
+
+def tolerance_of(dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+    """The tolerance for values of ``dtype``: the default, with ``atol`` / ``rtol`` given by the
+    user in its place."""
+    default = default_tolerance(dtype)
+    return Tolerance(default.atol if atol is None else atol, default.rtol if rtol is None else rtol)
 
 
 def describe_defaults() -> str:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .compare import compare_arrays
 from .sources import Kind, Served
-from .tolerance import default_tolerance, within
+from .schema import DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
 _NOT_COMPUTED = ", not computed by TVM"
@@ -91,17 +92,13 @@ def verify(probe, inputs) -> Verification:
 
 
 def _difference(got: np.ndarray, ref: np.ndarray) -> str:
-    """'' when ``got`` equals ``ref`` within the dtype's default tolerance, else what differs."""
+    """'' when ``got`` equals ``ref`` within the dtype's default tolerance, else what differs (in
+    the words of :mod:`tvm_probe.compare`)."""
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return f"{got.dtype}{list(got.shape)} served, {ref.dtype}{list(ref.shape)} computed"
-    ok = within(got, ref, default_tolerance(ref.dtype))
-    if ok.all():
-        return ""
-    with np.errstate(invalid="ignore"):
-        err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-    worst = float(np.nanmax(np.where(ok, 0.0, np.where(np.isnan(err), np.inf, err))))
-    return f"{int((~ok).sum())} of {ok.size} elements differ, max abs difference {worst:.3g}"
+    cmp = compare_arrays("", "", "", got, ref)
+    return "" if cmp.passed else cmp.describe()
 
 
 def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -111,13 +108,13 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
 
     from .build import compile_with_snapshots
     from .capture import CapturePlan, DebugExecutor
-    from .kernel_map import KernelMap, call_sites, helper_symbols
+    from .kernel_map import KernelMap, branch_calls, call_sites, helper_symbols
 
-    built = compile_with_snapshots(imported.mod, "llvm", relax.get_pipeline("default"))
+    built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]
     sites, _, produced = call_sites(main)
     params = {p: i for i, p in enumerate(main.params)}
-    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(built.snapshots))
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(built.snapshots), branches=branch_calls(main))
     capture = DebugExecutor(built, kmap).run(arrays, CapturePlan())
     values = {}
     for var, keys in imported.var_keys.items():

@@ -39,6 +39,15 @@ PyTorch fix (in the converter map of the ``torch.export`` importer):
 bool_compare_constant       ``mask == 0`` / ``mask != 1`` on a bool tensor imports as
                             ``R.equal(mask, R.const(False, "bool"))``, which LLVM rejects:
                             "fcmp oeq i1"; becomes ``logical_not(mask)`` or ``mask`` itself
+bool_cumsum                 ``cumsum`` of a bool tensor (transformers-5 masks without
+                            ``attention_mask``) sums in bool: "Check failed:
+                            (t.MatchesCode(kDLFloat))"; sums in int64, as torch does
+cat_empty_1d                ``cat`` of a 1-D empty tensor with 4-D keys (``DynamicLayer``):
+                            "Concat expects all input tensors to have same ndim"; the empty
+                            operand is left out, as torch does
+index_put_short_indices     ``index_put(cache, [None, None, pos], v)``: "IndexPut requires the
+                            number of index tensors (3) to match the data tensor dimensions
+                            (4)"; every axis gets an explicit index
 ==========================  ===========================================================
 """
 from __future__ import annotations
@@ -337,3 +346,157 @@ def bool_compare_rewrite(convert_name: str, lhs, rhs) -> str | None:
         keeps_true = bool(rhs) != _BOOL_COMPARES[convert_name]  # mask == 1, mask != 0
         return "identity" if keeps_true else "not"
     return None
+
+
+# -- PyTorch: converter-level fixes (HF decoders, functional KV caches) ----------------------
+# Each is a TorchFix: ``matches(importer, node)`` is exactly the condition under which TVM's
+# converter yields a module that cannot build (or the import raises); ``rewrite(importer, node)``
+# emits the equivalent Relax with TVM's own ops.  The torch importer wraps the named converters.
+
+@dataclass(frozen=True)
+class TorchFix:
+    """An ImportFix for ``torch.export`` programs: the converters it wraps, when, and how."""
+
+    fix: ImportFix
+    converters: tuple[str, ...]
+    matches: Callable[[Any, Any], bool]
+    rewrite: Callable[[Any, Any], Any]
+
+
+def _relax_dtype(expr) -> str | None:
+    return getattr(getattr(expr, "ty", None), "dtype", None)
+
+
+def _fx_dtype(node) -> str | None:
+    """The dtype torch records for an fx node's value (``int64``), or None."""
+    val = node.meta.get("val")
+    return str(val.dtype).replace("torch.", "") if hasattr(val, "dtype") else None
+
+
+def _bool_cumsum(importer, node) -> bool:
+    """``cumsum`` of a bool tensor with no dtype: TVM sums in bool, which LLVM cannot build."""
+    data = importer.env.get(node.args[0]) if node.args and hasattr(node.args[0], "op") else None
+    return _relax_dtype(data) == "bool" and "dtype" not in node.kwargs and _fx_dtype(node) is not None
+
+
+def _cumsum_in_result_dtype(importer, node):
+    """Sum in the dtype torch gives the result (int64 for bool): ``cumsum(x, dim, dtype=int64)``."""
+    from tvm import relax
+
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    data = importer.env[node.args[0]]
+    return importer.block_builder.emit(relax.op.cumsum(data, dim, _fx_dtype(node)))
+
+
+BOOL_CUMSUM = ImportFix(
+    "bool_cumsum", "torch",
+    "cumsum of a bool tensor sums in the result dtype torch gives it (int64), not in bool",
+    "building cumsum of a bool tensor fails on llvm: Check failed: (t.MatchesCode(kDLFloat))")
+
+def _legacy_empty_operands(importer, node) -> list:
+    """The operands of ``cat`` that are 1-D and empty while another has a higher rank: torch
+    skips them (its legacy rule), TVM's concat refuses the ranks."""
+    operands = node.args[0] if node.args and isinstance(node.args[0], (list, tuple)) else ()
+    exprs = [importer.env.get(a) if hasattr(a, "op") else None for a in operands]
+    ranks = [getattr(getattr(e, "ty", None), "ndim", -1) for e in exprs]
+    if not exprs or None in exprs or max(ranks) <= 1:
+        return []
+    return [i for i, (e, rank) in enumerate(zip(exprs, ranks))
+            if rank == 1 and _static_dims(e) == [0]]
+
+
+def _static_dims(expr) -> list | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None:
+        return None
+    return [int(v) if hasattr(v, "value") else None for v in values]
+
+
+def _cat_with_empty_1d(importer, node) -> bool:
+    return bool(_legacy_empty_operands(importer, node))
+
+
+def _cat_without_empty_1d(importer, node):
+    """Concatenate the other operands (at least one remains: the one of higher rank)."""
+    from tvm import relax
+
+    skip = set(_legacy_empty_operands(importer, node))
+    kept = [importer.env[a] for i, a in enumerate(node.args[0]) if i not in skip]
+    axis = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if len(kept) == 1:
+        return kept[0]
+    return importer.block_builder.emit(relax.op.concat(kept, axis=axis))
+
+
+CAT_EMPTY_1D = ImportFix(
+    "cat_empty_1d", "torch",
+    "cat leaves out 1-D empty operands, as torch does (transformers' DynamicLayer starts its cache so)",
+    "Concat expects all input tensors to have same ndim")
+
+def _short_index_layout(importer, node):
+    """``(data, full index list, first advanced axis)`` for an ``index_put`` with fewer index
+    tensors than data dimensions (``cache[:, :, pos] = v``: ``[None, None, pos]`` on 4-D),
+    which TVM's converter passes on short; None when this fix does not apply."""
+    if len(node.args) < 3 or not isinstance(node.args[1], (list, tuple)):
+        return None
+    data = importer.env.get(node.args[0]) if hasattr(node.args[0], "op") else None
+    dims = _static_dims(data)
+    indices = list(node.args[1])
+    if not dims or None in dims or len(indices) >= len(dims):
+        return None
+    full = indices + [None] * (len(dims) - len(indices))
+    advanced = [i for i, x in enumerate(full) if x is not None]
+    exprs = [importer.env.get(full[i]) for i in advanced]
+    if (not advanced or advanced != list(range(advanced[0], advanced[-1] + 1))  # torch moves split ones first
+            or any(_static_dims(e) is None or None in _static_dims(e) for e in exprs)
+            or any(getattr(e.ty, "dtype", "") == "bool" for e in exprs)):
+        return None
+    return data, full, advanced[0]
+
+
+def _index_put_short(importer, node) -> bool:
+    return _short_index_layout(importer, node) is not None
+
+
+def _index_put_full_grid(importer, node):
+    """Index every axis: the index tensors broadcast together in place of their axes, each other
+    axis an ``arange`` on an axis of its own; the values broadcast to that grid (as torch does)."""
+    from tvm import relax
+
+    bb, (data, full, first) = importer.block_builder, _short_index_layout(importer, node)
+    dims = _static_dims(data)
+    advanced = [importer.env[x] for x in full if x is not None]
+    adv_shape = list(np.broadcast_shapes(*[tuple(_static_dims(e)) for e in advanced]))
+    last = first + len(advanced) - 1
+    grid = dims[:first] + adv_shape + dims[last + 1:]
+    rank, indices = len(grid), []
+    for axis, index in enumerate(full):
+        if index is None:
+            at = axis if axis < first else axis - last - 1 + first + len(adv_shape)
+            shape = [1] * rank
+            shape[at] = dims[axis]
+            rng = bb.emit(relax.op.arange(0, dims[axis], 1, "int64"))
+            indices.append(bb.emit(relax.op.reshape(rng, shape)))
+        else:
+            own = _static_dims(importer.env[index])
+            shape = [1] * first + [1] * (len(adv_shape) - len(own)) + own + [1] * (rank - first - len(adv_shape))
+            indices.append(bb.emit(relax.op.reshape(importer.env[index], shape)))
+    indices = [bb.emit(relax.op.broadcast_to(i, grid)) for i in indices]
+    values = importer.env[node.args[2]] if hasattr(node.args[2], "op") else relax.const(node.args[2], data.ty.dtype)
+    values = bb.emit(relax.op.broadcast_to(values, grid))
+    accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))
+    return bb.emit(relax.op.index_put(data, relax.Tuple(indices), values, accumulate))
+
+
+INDEX_PUT_SHORT = ImportFix(
+    "index_put_short_indices", "torch",
+    "index_put with fewer index tensors than dimensions ([None, None, pos]) indexes every axis explicitly",
+    "IndexPut requires the number of index tensors (3) to match the data tensor dimensions (4)")
+
+TORCH_FIXES: tuple[TorchFix, ...] = (
+    TorchFix(INDEX_PUT_SHORT, ("index_put.default", "index_put_.default"), _index_put_short, _index_put_full_grid),
+    TorchFix(BOOL_CUMSUM, ("cumsum.default",), _bool_cumsum, _cumsum_in_result_dtype),
+    TorchFix(CAT_EMPTY_1D, ("cat.default", "concat.default"), _cat_with_empty_1d, _cat_without_empty_1d),
+)
+FIXES.update({f.fix.name: f.fix for f in TORCH_FIXES})

@@ -22,6 +22,8 @@ class InputSpec:
     ``Gather``): valid values are ``-index_bound <= v < index_bound`` (ONNX), or
     ``0 <= v < index_bound`` when ``negative_ids`` is False (TFLite).  TVM's compiled Gather
     does not check bounds, so out-of-range ids would read out of memory; ``run`` refuses them.
+
+    ``aliases`` are further names ``run`` accepts for it (a TFLite signature's input key).
     """
 
     name: str
@@ -30,6 +32,7 @@ class InputSpec:
     index_bound: int | None = None
     indexes: str = ""
     negative_ids: bool = True
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass

@@ -26,12 +26,15 @@ def module_path(scope: str) -> str:
     return path.strip(".")
 
 
-def module_outputs(values: Iterable[tuple[str, Mapping, Sequence]]) -> dict[str, tuple[str, ...]]:
+def module_outputs(values: Iterable[tuple[str, Mapping, Sequence]],
+                   first_outputs: Mapping[str, set] | None = None) -> dict[str, tuple[str, ...]]:
     """Which module paths name which value: ``{value key: (module path, ...)}``.
 
     The output of a module call is the last value (in graph order) produced inside that call and
-    used outside it (or returned by the graph).  A module called several times answers with its
-    *last* call.  A path equal to some node's name is kept: the name then means two values, and
+    used outside it (or returned by the graph).  A module that returns several tensors answers,
+    as a forward hook's ``output[0]`` does, with the first one: where ``first_outputs`` names it
+    (its keys) and it leaves the call, it wins over the last.  A module called several times
+    answers with its *last* call.  A path equal to some node's name is kept: the name then means two values, and
     name resolution says so (``module:relu`` / ``node:relu`` pick one).
 
     Args:
@@ -39,14 +42,20 @@ def module_outputs(values: Iterable[tuple[str, Mapping, Sequence]]) -> dict[str,
             module call) the producer runs in to its raw module path; ``consumers`` holds, per
             use of the value, the collection of scopes the consumer runs in, or ``None`` for a
             graph output.
+        first_outputs: ``{module path: keys}`` of the first tensor a module returned.
     """
+    first_outputs = first_outputs or {}
     last: dict[str, str] = {}
+    first: dict[str, str] = {}
     for key, scopes, consumers in values:
         for scope, raw in scopes.items():
             if any(c is None or scope not in c for c in consumers):
                 path = module_path(raw)
                 if path:
                     last[path] = key
+                    if key in first_outputs.get(path, ()):
+                        first[path] = key
+    last.update(first)
     found: dict[str, list[str]] = {}
     for path, key in last.items():
         found.setdefault(key, []).append(path)
@@ -55,11 +64,12 @@ def module_outputs(values: Iterable[tuple[str, Mapping, Sequence]]) -> dict[str,
 
 
 def unrecorded_modules(all_paths: Iterable[str], recorded: Iterable[str]) -> dict[str, str]:
-    """``{module path: why it has no value}`` for modules of the model ``torch.export`` never saw
-    called: their ``forward`` was called directly (``self.block.forward(x)``), which export
-    does not record as a module call, or they were not used at all."""
+    """``{module path: why it has no value}`` for modules of the model in which ``torch.export``
+    recorded no op: they did not run, computed nothing of their own (``Dropout`` in eval mode
+    returns its input), or had their ``forward`` called directly while carrying hooks (the one
+    case :func:`tvm_probe.importer.torch.visible_module_calls` leaves alone)."""
     recorded = set(recorded)
-    return {path: ("torch.export has no record of this module being called: its forward was called directly "
-                   "(self.block.forward(x) records no module call; self.block(x) does) or it was not used; "
-                   "name one of its ops or submodules instead")
+    return {path: ("torch.export recorded no op of this module: it did not run in forward, computes nothing "
+                   "of its own (as Dropout in eval mode), or has hooks and its forward was called directly; "
+                   "name one of its ops, its input or its submodules instead")
             for path in all_paths if path and path not in recorded}

@@ -21,13 +21,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
-import numpy as np
 
 from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
 from .fixes import FixLog, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
+from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 from .module_paths import module_outputs
+from .onnx_graph import node_inputs
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
 
@@ -100,16 +101,32 @@ def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = N
     _check_ops_supported(proto.graph)
     static = _static_graph(proto, dict(shapes or {}))
     importer = _make_importer(static.shapes if static else dict(shapes or {}), import_fixes)
-    graph = static.view(proto.graph) if static else proto.graph
+    graph = static.view(proto.graph) if static else _named_dims_view(proto.graph)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the onnx checker's opinions; we report real failures
         try:
             mod = importer.from_onnx(graph, _opset_of(proto))
+        except TVMImportError as err:
+            raise type(err)(f"{err}{_shapes_hint(proto, static)}") from None
         except ProbeError:
             raise
         except Exception as err:  # raised outside a converter (e.g. TVM's ShapeExpr check)
-            raise _import_failure(importer.current_node, err) from None
+            raise _import_failure(importer.current_node, err, _shapes_hint(proto, static)) from None
     return _collect(proto, mod, importer)
+
+
+def _shapes_hint(proto, static) -> str:
+    """For a model imported with symbolic input dims: how ``shapes=`` may get it past TVM."""
+    from .static import _example, symbolic_inputs
+
+    symbolic = symbolic_inputs(proto.graph) if static is None else {}
+    if not symbolic:
+        return ""
+    example = _example(symbolic)
+    if "?" in example and " with numbers for " not in example:
+        example += " with a number for each ?"
+    return (f"; the model's inputs have unknown dims, which TVM's importer often cannot follow through "
+            f"shape arithmetic: pass shapes={example} to fold it before TVM sees the model")
 
 
 def _static_graph(proto, shapes: dict):
@@ -124,6 +141,15 @@ def _static_graph(proto, shapes: dict):
             pin_inputs(proto.graph, shapes)
         return None
     return make_static(proto, shapes)
+
+
+def _named_dims_view(graph):
+    """``graph``, or a view of it whose inputs name each unknown dim (``-1``, or ``0`` without a
+    name) so that TVM compiles it as a symbolic dimension of its own."""
+    from .static import GraphView, name_unknown_dims
+
+    inputs = name_unknown_dims(graph)
+    return graph if inputs is None else GraphView(graph, graph.node, inputs)
 
 
 def _import_failure(node, err: Exception, hint: str = "") -> ProbeError:
@@ -158,7 +184,7 @@ def _check_ops_supported(graph) -> None:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"If", "Constant"}
-    bad = [n for n in graph.node if n.op_type not in known]
+    bad = [n for n in _all_nodes(graph) if n.op_type not in known]
     if bad:
         others = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         fix = ("Erfc is not an ONNX op: TF >= 2.19 writes exact GELU with Erfc, which tf2onnx 1.17 cannot "
@@ -168,6 +194,55 @@ def _check_ops_supported(graph) -> None:
         raise UnsupportedOpError(
             f"node {_node_label(bad[0])} has op type {bad[0].op_type}, which TVM's ONNX importer "
             f"cannot convert{others}: {fix}")
+
+
+def _all_nodes(graph):
+    """Every node of ``graph`` and of its subgraphs (If branches), outer ones first."""
+    for node in graph.node:
+        yield node
+        for sub in _subgraphs(node).values():
+            yield from _all_nodes(sub)
+
+
+def _subgraphs(node) -> dict:
+    """``{attribute name: GraphProto}`` of a node's subgraphs (an If's two branches)."""
+    found = {}
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            found[attr.name] = attr.g
+        for k, sub in enumerate(attr.graphs):
+            found[f"{attr.name}[{k}]"] = sub
+    return found
+
+
+def branch_notes(graph) -> dict[str, str]:
+    """Why each tensor and node computed inside an If branch has no value, by name.
+
+    TVM 0.27 hoists all but the last ops of both branches out of the ``If`` (they run whichever
+    branch is taken), and only the VM knows which branch it took: a value of the branch that did
+    not run would be one the source model never computed.  So none is served; each note names
+    the branch and its condition.
+    """
+    notes: dict[str, str] = {}
+
+    def visit(graph, where: str) -> None:
+        for node in graph.node:
+            for attr_name, sub in _subgraphs(node).items():
+                side = {"then_branch": "then", "else_branch": "else"}.get(attr_name, attr_name)
+                cond = node.input[0] if node.input else "?"
+                when = {"then": f"runs when {cond!r} is true", "else": f"runs when {cond!r} is false"}.get(side, "")
+                inner = (f"it is computed inside the {side} branch of If {_node_label(node)}{where}"
+                         f"{f' ({when})' if when else ''}: tvm_probe serves no value computed inside an If "
+                         "branch (only the VM knows which branch ran); read the values the branch reads, "
+                         "or the If's outputs")
+                for inner_node in sub.node:
+                    for name in [*inner_node.output, inner_node.name]:
+                        if name:
+                            notes.setdefault(name, inner)
+                visit(sub, f" inside {_node_label(node)}")
+
+    visit(graph, "")
+    return notes
 
 
 def _make_importer(shapes, import_fixes: bool = True):
@@ -200,6 +275,19 @@ def _make_importer(shapes, import_fixes: bool = True):
             if hasattr(value_proto, "op_type"):
                 self.current_node = value_proto
             return super()._parse_value_proto(value_proto)
+
+        def _convert_subgraph(self, bb, graph):
+            # TVM converts an If branch with a plain-dict copy of the tensor table and puts
+            # that copy back afterwards: put our recording table back instead, keeping what it
+            # recorded inside the branch (ONNX tensor names are unique across subgraphs).
+            recording = self._nodes
+            try:
+                return super()._convert_subgraph(bb, graph)
+            finally:
+                restored = self._nodes
+                dict.clear(recording)
+                dict.update(recording, restored)
+                self._nodes = recording
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             node = self.current_node
@@ -238,47 +326,6 @@ def _source_label(node) -> str:
     return node.name or (node.output[0] if node.output else node.op_type)
 
 
-def _is_const(expr) -> bool:
-    import tvm
-
-    return isinstance(expr, tvm.ir.expr.GenericConst) or type(expr).__name__ in ("PrimValue", "StringImm")
-
-
-def _const_value(expr) -> np.ndarray | None:
-    """numpy value of an import-time constant expression, or None when it has none."""
-    from tvm import relax
-
-    if isinstance(expr, relax.ShapeExpr):
-        try:
-            return np.array([int(v) for v in expr.values], dtype=np.int64)
-        except TypeError:  # symbolic dimension
-            return None
-    value = getattr(expr, "value", None)
-    if hasattr(value, "numpy"):
-        return value.numpy()
-    if isinstance(value, (int, float, bool)):
-        return np.array(value)
-    return None
-
-
-def _tensor_info(expr) -> tuple[tuple[int | str, ...] | None, str | None]:
-    """Shape (a symbolic dimension as its name or expression, e.g. ``'batch'``) and dtype."""
-    ty = getattr(expr, "ty", None)
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    dims = tuple(dim_of(v) for v in values) if values is not None else None
-    dtype = getattr(ty, "dtype", None)
-    return dims, (str(dtype) if dtype is not None and str(dtype) else None)
-
-
-def dim_of(value) -> int | str:
-    """One dimension of a Relax shape: an int, or the text of a symbolic one (``'batch'``)."""
-    try:
-        return int(value)
-    except TypeError:
-        return str(value)
-
-
 def _collect(proto, mod, importer) -> ImportedModel:
     """Turn the importer's record into a SourceMap, var tags and constants."""
     from onnx import helper, numpy_helper
@@ -301,7 +348,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
         if vi.name in initializers:
             continue  # older exporters list weights as inputs too; they are weights
         expr = record.get(vi.name)
-        shape, dtype = _tensor_info(expr)
+        shape, dtype = tensor_info(expr)
         if shape is None:
             raise ModelError(f"input '{vi.name}' has no known rank: pass shapes={{'{vi.name}': (...)}}")
         sources.add(SourceValue(key=vi.name, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
@@ -310,7 +357,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
         inputs.append(InputSpec(vi.name, shape, dtype, bound, weight))
         var_keys.setdefault(expr, []).append(vi.name)
 
-    bound_to = _binding_of_value(mod)
+    bound_to = binding_of_value(mod)
     modules = _scope_modules(graph)
     for topo, node in enumerate(graph.node):
         outs = [o for o in node.output]
@@ -324,19 +371,20 @@ def _collect(proto, mod, importer) -> ImportedModel:
                                 inputs=node_inputs(node), modules=modules.get(out, ()))
             if isinstance(expr, relax.Var):
                 value.kind = Kind.VALUE
-                value.shape, value.dtype = _tensor_info(expr)
+                value.shape, value.dtype = tensor_info(expr)
                 var_keys.setdefault(expr, []).append(out)
             elif isinstance(expr, relax.Call):
-                value.shape, value.dtype = _tensor_info(expr)  # never used: the import drops it
+                value.shape, value.dtype = tensor_info(expr)  # never used: the import drops it
             else:
-                const = _const_value(expr)
+                const = const_value(expr)
                 if const is None:
                     continue  # e.g. an empty optional: nothing a user can read
                 value.kind = Kind.CONSTANT
                 value.shape, value.dtype = const.shape, str(const.dtype)
                 constants[out] = const
             sources.add(value)
-    _follow_aliases(mod, var_keys)
+    follow_aliases(mod, var_keys)
+    sources.notes.update({k: v for k, v in branch_notes(graph).items() if k not in sources})
     sources.model_outputs = [o.name for o in graph.output]
     # main's parameters come in graph-input order; the InputSpec list follows them.
     order = {p: i for i, p in enumerate(params)}
@@ -344,18 +392,6 @@ def _collect(proto, mod, importer) -> ImportedModel:
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, hash_model=lambda: model_hash(proto),
                          fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied())
-
-
-def node_inputs(node) -> tuple[str, ...]:
-    """Every tensor ``node`` reads: its inputs and the outer names its subgraphs (If, Loop) use."""
-    names = [i for i in node.input if i]
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            defined = {i.name for i in sub.input} | {t.name for t in sub.initializer}
-            for inner in sub.node:
-                names += [i for i in node_inputs(inner) if i not in defined]
-                defined.update(inner.output)
-    return tuple(dict.fromkeys(names))
 
 
 def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]:
@@ -372,34 +408,6 @@ def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]
         if bound is None or size < bound:
             bound, weight = size, node.input[0]
     return bound, weight
-
-
-def _binding_of_value(mod) -> dict:
-    """Bound expression → the Var it is bound to, for every binding of ``main``.
-
-    The importer leaves each converted op as an unbound Call; normalisation binds it where it is
-    first used.  Tagging through this map (rather than binding eagerly) keeps the binding order,
-    and so the kernel order, exactly that of a plain import.
-    """
-    found = {}
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            found.setdefault(binding.value, binding.var)
-    return found
-
-
-def _follow_aliases(mod, var_keys: dict) -> None:
-    """Give ``b``'s names to ``a`` for every ``a = b`` binding (e.g. the function's output var).
-
-    Passes such as CanonicalizeBindings keep only one of the two Vars; either must answer.
-    """
-    from tvm import relax
-
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value = getattr(binding, "value", None)
-            if isinstance(value, relax.Var) and value in var_keys:
-                var_keys.setdefault(binding.var, []).extend(var_keys[value])
 
 
 # -- module paths of dynamo-exported ONNX -----------------------------------------------------

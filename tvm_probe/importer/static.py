@@ -83,10 +83,13 @@ class StaticGraph:
 
 class GraphView:
     """A ``GraphProto`` stand-in: TVM's importer reads ``node``, ``input``, ``output``,
-    ``initializer`` and ``name``; the weights stay where they are (no copy of a large model)."""
+    ``initializer`` and ``name``; the weights stay where they are (no copy of a large model).
+    ``inputs``, when given, replaces the declared inputs (see :func:`name_unknown_dims`)."""
 
-    def __init__(self, graph, nodes):
+    def __init__(self, graph, nodes, inputs=None):
         self._graph, self.node = graph, nodes
+        if inputs is not None:
+            self.input = inputs
 
     def __getattr__(self, name):
         return getattr(self._graph, name)
@@ -109,17 +112,55 @@ def symbolic_inputs(graph) -> dict[str, list]:
 
 
 def declared_dims(value_info) -> list | None:
-    """The declared dims of a graph input (see :func:`symbolic_inputs`), None without a shape."""
+    """The declared dims of a graph input (see :func:`symbolic_inputs`), None without a shape.
+
+    A dim written as ``-1`` (paddle2onnx) is unknown, as onnxruntime reads it: None, like a dim
+    with no value at all; so is paddle2onnx's ``'?'``.  A ``0`` stays a size, as onnxruntime
+    (1.32) keeps it: it refuses an input of any other size there.
+    """
     tensor_type = value_info.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
     dims = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
             dims.append(int(dim.dim_value))
         else:
-            dims.append(dim.dim_param or None)
+            dims.append(None if _unnamed(dim) else dim.dim_param)
     return dims
+
+
+def _unnamed(dim) -> bool:
+    """An unknown dim that names no size: no ``dim_param``, or paddle2onnx's ``'?'`` (which it
+    writes for every unknown dim: it does not say two of them are equal)."""
+    return dim.dim_param in ("", "?")
+
+
+def name_unknown_dims(graph) -> list | None:
+    """Copies of the graph inputs with every unknown dim (see :func:`declared_dims`) given a name
+    of its own (``x_dim0``), or None when no input has one.
+
+    TVM's importer takes ``-1`` as a size, and gives every dim of one name, ``''`` and ``'?'``
+    included, one symbolic variable; each unknown dim is a size of its own.
+    """
+    from onnx import ValueInfoProto
+
+    weights = {t.name for t in graph.initializer}
+    named, changed = [], False
+    for vi in graph.input:
+        copy = vi
+        dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else ()
+        unknown = [k for k, d in enumerate(dims) if _unnamed(d) and not (d.HasField("dim_value") and d.dim_value >= 0)]
+        if unknown and vi.name not in weights:
+            copy = ValueInfoProto()
+            copy.CopyFrom(vi)
+            for k in unknown:
+                dim = copy.type.tensor_type.shape.dim[k]
+                dim.Clear()
+                dim.dim_param = f"{vi.name}_dim{k}"
+            changed = True
+        named.append(copy)
+    return named if changed else None
 
 
 def pin_inputs(graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:

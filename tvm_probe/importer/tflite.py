@@ -12,7 +12,7 @@ a subclass that only (a) wraps every op converter so that a failure names the op
 output tensor, and (b) keeps the table.  The ops are therefore exactly those of a plain import
 (``tests/test_tflite.py`` checks structural equality).  Like the ONNX frontend, converters
 return unbound Calls that normalisation binds where first used, so tags go through the
-binding table (see :func:`tvm_probe.importer.onnx._binding_of_value`).
+binding table (see :func:`tvm_probe.importer.relax_values.binding_of_value`).
 
 TVM and the ``tflite`` schema package are imported lazily: ``import tvm_probe`` stays light.
 """
@@ -24,7 +24,7 @@ import io
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Union
 
@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
 from .model import ImportedModel, InputSpec, LazyArrays
-from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
+from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,29 @@ def merged_aliases(keys: list[str], computed: set[int]) -> dict[str, tuple[str, 
     return found
 
 
+def signature_keys(model, keys: list[str]) -> dict[int, tuple[str, ...]]:
+    """Tensor index → the signature keys it answers to, for the main subgraph's signatures.
+
+    A model converted from a SavedModel names its tensors after TF's graph
+    (``serving_default_input_ids:0``, ``StatefulPartitionedCall:0``); the names the user gave
+    (``input_ids``, ``logits``) are the keys of its signatures.  A key that is some tensor's
+    own name is left out: that tensor owns the name.
+    """
+    owned = set(keys)
+    found: dict[int, list[str]] = {}
+    for i in range(model.SignatureDefsLength()):
+        signature = model.SignatureDefs(i)
+        if signature.SubgraphIndex() != 0:
+            continue
+        maps = [signature.Inputs(j) for j in range(signature.InputsLength())]
+        maps += [signature.Outputs(j) for j in range(signature.OutputsLength())]
+        for entry in maps:
+            name = (entry.Name() or b"").decode()
+            if name and name not in owned and name not in found.setdefault(entry.TensorIndex(), []):
+                found[entry.TensorIndex()].append(name)
+    return {t: tuple(names) for t, names in found.items() if names}
+
+
 # -- import ----------------------------------------------------------------------------------
 def import_tflite(model: ModelLike, shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
     """Import a TFLite model with every runtime value tagged by its tensor name.
@@ -348,6 +371,9 @@ def _collect(parsed: TFLiteModel, mod, converter, keys: list[str]) -> ImportedMo
     produced = {int(t) for o in range(subgraph.OperatorsLength())
                 for t in subgraph.Operators(o).OutputsAsNumpy() if t >= 0}
     aliases = merged_aliases(keys, produced)
+    signed = signature_keys(parsed.model, keys)
+    for t, names in signed.items():
+        aliases[keys[t]] = tuple(dict.fromkeys((*aliases.get(keys[t], ()), *names)))
     model_inputs = [int(t) for t in subgraph.InputsAsNumpy()]
     weights = {keys[t]: t for t in _weights(parsed, produced | set(model_inputs))}
     # weights are read from the file on first access: no copy of every weight up front
@@ -355,12 +381,12 @@ def _collect(parsed: TFLiteModel, mod, converter, keys: list[str]) -> ImportedMo
 
     inputs = []
     for t in model_inputs:
-        inputs.append(_add_input(keys[t], table.get(keys[t]), sources, var_keys))
+        inputs.append(_add_input(keys[t], table.get(keys[t]), sources, var_keys, aliases.get(keys[t], ())))
     inputs = _with_index_bounds(parsed, converter, keys, inputs)
     for key, t in weights.items():
         sources.add(_weight_value(parsed.subgraph.Tensors(t), key))
 
-    bound_to = _binding_of_value(mod)
+    bound_to = binding_of_value(mod)
     for index in range(subgraph.OperatorsLength()):
         op = subgraph.Operators(index)
         outs = [int(t) for t in op.OutputsAsNumpy() if t >= 0]
@@ -375,20 +401,20 @@ def _collect(parsed: TFLiteModel, mod, converter, keys: list[str]) -> ImportedMo
                 expr = relax.const(converter.prefetched_nodes[key])
             _add_computed(value, bound_to.get(expr, expr), var_keys, constants)
             sources.add(value)
-    _follow_aliases(mod, var_keys)
+    follow_aliases(mod, var_keys)
     sources.model_inputs = [s.name for s in inputs]
     sources.model_outputs = [keys[int(t)] for t in subgraph.OutputsAsNumpy()]
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants, inputs=inputs,
                          hash_model=lambda: model_hash(parsed.content))
 
 
-def _add_input(key: str, var, sources: SourceMap, var_keys: dict) -> InputSpec:
-    shape, dtype = _tensor_info(var)
+def _add_input(key: str, var, sources: SourceMap, var_keys: dict, aliases: tuple[str, ...] = ()) -> InputSpec:
+    shape, dtype = tensor_info(var)
     if shape is None:
         raise ModelError(f"input '{key}' has no static shape: pass shapes={{'{key}': (...)}}")
-    sources.add(SourceValue(key=key, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
+    sources.add(SourceValue(key=key, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype, aliases=aliases))
     var_keys.setdefault(var, []).append(key)
-    return InputSpec(key, shape, dtype)
+    return InputSpec(key, shape, dtype, aliases=aliases)
 
 
 def _add_computed(value: SourceValue, expr, var_keys: dict, constants) -> None:
@@ -397,15 +423,15 @@ def _add_computed(value: SourceValue, expr, var_keys: dict, constants) -> None:
 
     if isinstance(expr, relax.Var):
         value.kind = Kind.VALUE
-        value.shape, value.dtype = _tensor_info(expr)
+        value.shape, value.dtype = tensor_info(expr)
         var_keys.setdefault(expr, []).append(value.key)
     elif isinstance(expr, relax.Expr) and not isinstance(expr, relax.Call):
-        const = _const_value(expr)
+        const = const_value(expr)
         if const is not None:  # folded at import time (e.g. a shape computed from static dims)
             value.kind, value.shape, value.dtype = Kind.CONSTANT, const.shape, str(const.dtype)
             constants[value.key] = const
     elif isinstance(expr, relax.Call):  # never bound: nothing reads it (the import drops it)
-        value.shape, value.dtype = _tensor_info(expr)
+        value.shape, value.dtype = tensor_info(expr)
     # no expression at all: a live value without a place is reported as such by the kernel map
 
 
@@ -467,5 +493,5 @@ def _with_index_bounds(parsed: TFLiteModel, converter, keys: list[str], inputs: 
         size = int(dims[options.Axis() % len(dims)])
         if spec.index_bound is None or size < spec.index_bound:
             # TFLite's GATHER takes no negative ids (the interpreter stops on them)
-            by_key[spec.name] = InputSpec(spec.name, spec.shape, spec.dtype, size, keys[table], negative_ids=False)
+            by_key[spec.name] = replace(spec, index_bound=size, indexes=keys[table], negative_ids=False)
     return [by_key[s.name] for s in inputs]

@@ -21,24 +21,27 @@ import contextlib
 import hashlib
 import io
 import logging
+import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 import numpy as np
 
 from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
-from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, FixLog, bool_compare_rewrite
+from .fixes import (BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite,
+                    off_hint)
 from .model import ImportedModel, InputSpec
-from ..failures import stack_origin
 from .module_paths import module_outputs, module_path, unrecorded_modules
-from .onnx import _binding_of_value, _const_value, _follow_aliases, _tensor_info
+from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 
 _NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
 
 
-def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedModel:
+def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None) -> ImportedModel:
     """Export ``module`` with ``torch.export`` and import it with every fx node's value tagged.
 
     Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
@@ -51,13 +54,16 @@ def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedM
             shapes are compiled statically.
         import_fixes: rewrite the constructs TVM 0.27 cannot build (see
             :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
+        dynamic_shapes: what ``torch.export.export`` takes (``Dim`` per axis): those axes are
+            compiled as symbolic dimensions (``tvm_probe.hf`` uses it for the KV cache length).
 
     Raises:
         ModelError: torch is missing, ``torch.export`` cannot trace the module, or TVM's
             importer fails on an fx node whose op it converts (the node and TVM's message named);
         UnsupportedOpError: the module uses an op TVM's importer cannot convert.
     """
-    program = export_program(module, example_inputs)
+    program = export_program(module, example_inputs, dynamic_shapes)
+    check_no_mutations(program, type(module).__name__)
     importer = _make_importer(import_fixes)
     _check_ops_supported(program, importer)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -75,6 +81,24 @@ def import_torch(module, example_inputs, import_fixes: bool = True) -> ImportedM
     return imported
 
 
+def check_no_mutations(program, name: str) -> None:
+    """Refuse, in one line naming them, a program that mutates buffers or its inputs.
+
+    TVM's ``from_exported_program`` binds buffers as constants and drops the mutation outputs
+    ("Only user-facing outputs should be returned"): a static KV cache or BatchNorm's running
+    statistics would silently keep their first value, every later call wrong.  Measured on
+    transformers' ``TorchExportableModuleWithStaticCache`` (6 mutations: decode logits off by
+    0.2, other tokens, no error), so tvm_probe never builds such a program.
+    """
+    signature = program.graph_signature
+    mutated = list(signature.buffers_to_mutate.values()) + list(signature.user_inputs_to_mutate.values())
+    if mutated:
+        shown = ", ".join(mutated[:4]) + (f" and {len(mutated) - 4} more" if len(mutated) > 4 else "")
+        raise ModelError(f"{name} mutates {len(mutated)} buffer(s) or input(s) ({shown}), whose updates TVM's "
+                         "importer drops (it binds buffers as constants): pass that state as inputs and return "
+                         "it as outputs (Probe.from_hf does this for KV caches)")
+
+
 def require_torch():
     """The ``torch`` module, or a one-line :class:`ModelError` saying how to install it."""
     try:
@@ -84,7 +108,7 @@ def require_torch():
     return torch
 
 
-def export_program(module, example_inputs):
+def export_program(module, example_inputs, dynamic_shapes=None):
     """``torch.export.export(module, args).run_decompositions()``: the program TVM converts.
 
     ``from_exported_program`` decomposes before converting, and decomposition renames nodes, so
@@ -99,13 +123,132 @@ def export_program(module, example_inputs):
     with warnings.catch_warnings(), _quiet_torch():
         warnings.simplefilter("ignore")  # torch's deprecation chatter; failures are reported
         try:
-            program = torch.export.export(module, args)
+            with visible_module_calls(module) as first_outputs:
+                program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
         except Exception as err:
             raise ModelError(f"torch.export cannot trace {name}: {_export_failure(err)}") from None
         try:
-            return program.run_decompositions()
+            decomposed = program.run_decompositions()
         except Exception as err:
             raise ModelError(f"torch.export cannot decompose {name}: {one_line(err)}") from None
+    decomposed.graph_module.meta[_FIRST_OUTPUTS] = {
+        path: _alias_chain(program, name) for path, name in first_outputs.items()}
+    return decomposed
+
+
+def _alias_chain(program, name: str) -> list[str]:
+    """``name`` and the nodes it merely aliases (``x.to(x.dtype)``, ``alias``, ``clone``), nearest
+    first: decomposition drops such no-op nodes and their users read the aliased node instead."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    chain, node = [name], nodes.get(name)
+    while node is not None and _is_noop_alias(node):
+        node = node.args[0]
+        chain.append(node.name)
+    return chain
+
+
+def _is_noop_alias(node) -> bool:
+    source = node.args[0] if node.op == "call_function" and node.args else None
+    if not hasattr(source, "meta") or not str(node.target).startswith(("aten.to.", "aten.alias.", "aten.clone.")):
+        return False
+    val, before = node.meta.get("val"), source.meta.get("val")
+    return (hasattr(val, "shape") and hasattr(before, "shape") and val.dtype == before.dtype
+            and tuple(val.shape) == tuple(before.shape))
+
+
+_FIRST_OUTPUTS = "tvm_probe_first_outputs"  # graph_module.meta key: visible_module_calls' record
+
+
+@contextlib.contextmanager
+def visible_module_calls(module):
+    """Within the block, a submodule whose ``forward`` is called directly runs as a module call.
+
+    ``torch.export`` (and the dynamo ONNX exporter, which uses it) records a module only when it
+    runs through ``Module.__call__``; ``x = block.forward(x, mask)`` records nothing, so the
+    block's output would have no module path.  Inside this block each submodule's ``forward`` is
+    an instance attribute that, when called directly, calls the module instead; ``__call__``
+    then runs the class's own ``forward`` with the same arguments, so what is computed does not
+    change.  A module with hooks of its own is left alone (routing would run its hooks on calls
+    that skipped them).  Use it around a dynamo ONNX export to give those modules name scopes::
+
+        with visible_module_calls(model):
+            torch.onnx.export(model, args, "model.onnx", dynamo=True)
+
+    Yields ``{module path: fx node name}``: for each module whose (last) call returned several
+    tensors while torch traced it, the node of the first one, which forward hooks call the
+    module's output (see :func:`_add_module_paths`).
+    """
+    first_outputs: dict[str, str] = {}
+    routed = [_route_forward(m, name, first_outputs) for name, m in module.named_modules()
+              if name and not _has_hooks(m)]
+    try:
+        yield first_outputs
+    finally:
+        for undo in routed:
+            undo()
+
+
+def _has_hooks(m) -> bool:
+    """Hooks of the module's own, or global module hooks (which every module call runs)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(m._forward_hooks or m._forward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_forward_pre_hooks)
+
+
+def _route_forward(m, path: str, first_outputs: dict):
+    """Make a direct ``m.forward(...)`` call ``m(...)``; returns the function that undoes it.
+
+    A pre-hook counts the calls ``__call__`` has entered; the instance ``forward`` it then calls
+    consumes one and runs the class's ``forward``.  With none pending, the call came from user
+    code, and goes through ``m(...)``.
+    """
+    own = m.__dict__.get("forward")  # an instance forward already set (kept, and restored)
+    original = own if own is not None else type(m).forward.__get__(m)
+    pending = [0]
+
+    def entered(_module, _args):
+        pending[0] += 1
+
+    def forward(*args, **kwargs):
+        if pending[0]:
+            pending[0] -= 1
+            result = original(*args, **kwargs)
+            _note_first_output(path, result, first_outputs)
+            return result
+        return m(*args, **kwargs)
+
+    handle = m.register_forward_pre_hook(entered)
+    m.forward = forward
+
+    def undo():
+        handle.remove()
+        if own is not None:
+            m.forward = own
+        else:
+            del m.forward
+    return undo
+
+
+def _note_first_output(path: str, result, first_outputs: dict) -> None:
+    """While torch traces, record the fx node of ``result[0]`` when a call returns several tensors."""
+    import torch
+    from torch.fx.experimental import proxy_tensor
+
+    if not isinstance(result, (tuple, list)):
+        return
+    tensors = [t for t in result if isinstance(t, torch.Tensor)]
+    mode = getattr(proxy_tensor, "get_proxy_mode", lambda: None)()
+    if len(tensors) < 2 or mode is None or not isinstance(result[0], torch.Tensor):
+        return
+    try:  # torch internals: without them the module keeps the "last value leaving it" rule
+        name = proxy_tensor.get_proxy_slot(result[0], mode.tracer, None, lambda p: p.proxy.node.name)
+    except Exception:
+        name = None
+    if name is not None:
+        first_outputs[path] = name
+    else:
+        first_outputs.pop(path, None)
 
 
 @contextlib.contextmanager
@@ -168,6 +311,10 @@ def _make_importer(import_fixes: bool = True):
             for name in BOOL_COMPARE_CONVERTERS:
                 if name in converters:
                     converters[name] = self._bool_compare(name, converters[name])
+            for fix in TORCH_FIXES:
+                for name in fix.converters:
+                    if name in converters:
+                        converters[name] = self._fixed(fix, converters[name])
             return {name: _naming_failures(convert) for name, convert in converters.items()}
 
         def _bool_compare(self, name, convert):
@@ -184,6 +331,22 @@ def _make_importer(import_fixes: bool = True):
                     return convert(node, *rest)
                 self.fixes.add(BOOL_COMPARE_CONSTANT, node.name)
                 return lhs if how == "identity" else self.block_builder.emit(relax.op.logical_not(lhs))
+            return converter
+
+        def _fixed(self, fix, convert):
+            """``convert`` with ``fix`` applied to exactly the fx nodes it matches."""
+            def converter(node, *rest):
+                if not fix.matches(self, node):
+                    return convert(node, *rest)
+                if not import_fixes:
+                    self.unfixed.add(fix.fix, node.name)
+                    try:
+                        return convert(node, *rest)
+                    except Exception as err:  # the import itself fails: say which fix rewrites it
+                        raise TVMImportError(f"TVM's PyTorch importer failed on fx node '{node.name}' "
+                                             f"({op_type(node)}): {one_line(err)}; {off_hint(fix.fix)}") from None
+                self.fixes.add(fix.fix, node.name)
+                return fix.rewrite(self, node)
             return converter
 
     return _NamingImporter()
@@ -249,7 +412,7 @@ def _collect(program, mod, env, module=None) -> ImportedModel:
     out = _Collected(env)
     # a weight's placeholder Var is replaced by a constant (BindParams): identities of it too
     weight_of_var = {env[n]: keys[n] for n in keys if n.op == "placeholder" and keys[n] in weights and n in env}
-    bound_to = _binding_of_value(mod)
+    bound_to = binding_of_value(mod)
     user = _user_input_names(program)
     for topo, node in enumerate(program.graph.nodes):
         if node not in keys:
@@ -266,7 +429,7 @@ def _collect(program, mod, env, module=None) -> ImportedModel:
         if found:
             out.sources.add(value)
     _add_module_paths(program, keys, out.sources, module)
-    _follow_aliases(mod, out.var_keys)
+    follow_aliases(mod, out.var_keys)
     _follow_tuple_fields(mod, out.var_keys)
     order = {p.name: i for i, p in enumerate(mod["main"].params)}
     out.inputs.sort(key=lambda s: order.get(s.name, len(order)))
@@ -301,7 +464,7 @@ def _add_placeholder(value: SourceValue, node, is_user_input: bool, weights: dic
     """Fill in a user input, weight or lifted constant; False for other placeholders."""
     if is_user_input:
         var = out.env[node]
-        shape, dtype = _tensor_info(var)
+        shape, dtype = tensor_info(var)
         value.kind, value.op_type, value.shape, value.dtype = Kind.INPUT, "Input", shape, dtype
         out.tag(var, value.key)
         out.inputs.append(InputSpec(value.key, shape, dtype))
@@ -323,12 +486,12 @@ def _add_computed(value: SourceValue, expr, weight_of_var: dict, out: _Collected
         _set_constant(value, out.constants[weight_of_var[expr]], out)
     elif isinstance(expr, relax.Var):
         value.kind = Kind.VALUE
-        value.shape, value.dtype = _tensor_info(expr)
+        value.shape, value.dtype = tensor_info(expr)
         out.tag(expr, value.key)
     elif isinstance(expr, relax.Call):  # never bound: the import dropped it
-        value.shape, value.dtype = _tensor_info(expr)
+        value.shape, value.dtype = tensor_info(expr)
     else:
-        const = _const_value(expr) if isinstance(expr, relax.Expr) else _python_scalar(expr)
+        const = const_value(expr) if isinstance(expr, relax.Expr) else _python_scalar(expr)
         if const is None:
             return False
         _set_constant(value, const, out)
@@ -433,7 +596,7 @@ def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
         uses = [None if u.op == "output" else stack(u) for u in node.users
                 if u.op == "output" or u in keys or _is_tuple(u)]
         values.append((keys[node], stack(node), uses))
-    for key, paths in module_outputs(values).items():
+    for key, paths in module_outputs(values, _first_output_keys(program, keys)).items():
         sources[key].modules = paths
     if module is not None:
         import torch
@@ -441,6 +604,32 @@ def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
         containers = (torch.nn.ModuleList, torch.nn.ModuleDict)  # no forward of their own
         sources.notes.update(unrecorded_modules(
             (path for path, m in module.named_modules() if not isinstance(m, containers)), recorded))
+
+
+def _first_output_keys(program, keys) -> dict[str, set[str]]:
+    """``{module path: keys}`` of the decomposed nodes that come from the first tensor a module
+    returned (recorded by :func:`visible_module_calls`; ``from_node`` leads back to it)."""
+    chains = program.graph_module.meta.get(_FIRST_OUTPUTS) or {}
+    from_name: dict[str, set[str]] = {}
+    for node in program.graph.nodes:
+        if node in keys:
+            for name in _origins(node.meta.get("from_node") or ()):
+                from_name.setdefault(name, set()).add(keys[node])
+    found: dict[str, set[str]] = {}
+    for path, chain in chains.items():
+        hit = next((from_name[name] for name in chain if name in from_name), None)
+        if hit:
+            found[path] = hit
+    return found
+
+
+def _origins(sources) -> set[str]:
+    """Every node name in a ``from_node`` provenance chain."""
+    names = set()
+    for source in sources:
+        names.add(getattr(source, "name", None))
+        names |= _origins(getattr(source, "from_node", None) or ())
+    return names - {None}
 
 
 def _is_tuple(node) -> bool:
@@ -462,3 +651,33 @@ def model_hash(program, weights: dict | None = None) -> str:
         if node.op == "placeholder" and hasattr(node.meta.get("val"), "shape"):
             digest.update(f"{node.name}:{node.meta['val'].dtype}:{tuple(node.meta['val'].shape)}".encode())
     return digest.hexdigest()
+
+
+# -- where the user's code made a value -------------------------------------------------------
+def stack_origin(stack_trace: str | None) -> str:
+    """``file:line`` of the user's code in an fx node's ``meta["stack_trace"]``, or ''.
+
+    The trace lists frames outermost first; the innermost frame outside PyTorch itself is where
+    the user's code made the value (``masked_fill(mask == 0, ...)``, or the ``self.token(x)``
+    that called ``nn.Embedding``).
+    """
+    frames = re.findall(r'File "([^"]+)", line (\d+)', stack_trace or "")
+    for path, line in reversed(frames):
+        if not path.startswith("<") and not _in_torch(path) and not _in_tvm_probe(path):
+            return f"{path}:{line}"
+    return ""
+
+
+def _in_tvm_probe(path: str) -> bool:
+    """Frames of tvm_probe itself (its export wrappers) are never the user's line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.abspath(path).startswith(root + os.sep)
+
+
+def _in_torch(path: str) -> bool:
+    torch = sys.modules.get("torch")
+    root = os.path.dirname(getattr(torch, "__file__", "") or "")
+    if root and os.path.abspath(path).startswith(root + os.sep):
+        return True
+    parts = PurePath(path).parts
+    return any(p in ("site-packages", "dist-packages") for p in parts) and "torch" in parts

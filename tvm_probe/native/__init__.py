@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import dtypes
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("instrument.cc")
@@ -179,13 +181,8 @@ def numpy_dtype(dtype: str) -> np.dtype:
     import tvm_ffi
 
     t = tvm_ffi.dtype(dtype)
-    try:
-        result = np.dtype(dtype)
-    except TypeError:
-        import ml_dtypes
-
-        result = np.dtype(getattr(ml_dtypes, dtype, None) or object)
-    if t.lanes != 1 or result == object or result.itemsize * 8 != t.bits:
+    result = dtypes.numpy_dtype(dtype)
+    if t.lanes != 1 or result is None or result.itemsize * 8 != t.bits:
         raise NativeUnavailable(f"dtype {dtype} has no byte-for-byte numpy form")
     return result
 

@@ -15,7 +15,7 @@
 // (`vm.set_instrument("tvm_probe.capture.instrument", session)`), in this process or in an RPC
 // server that loaded this library: sessions are held in a table and named by an integer.  The
 // functions marked (RPC) take and return only what TVM RPC carries (integers, strings, tensors),
-// so a client drives a session in a server process with them (tvm_probe/remote.py).
+// so a client drives a session in a server process with them (tvm_probe/remote/).
 //
 // On a device other than the CPU, a plan can ask for a device sync around every kernel call, so
 // that the times are device times (host clock around a device sync; CUDA launches are async),

@@ -25,7 +25,7 @@ import numpy as np
 from ..compare import Comparison, compare_arrays
 from ..tolerance import Tolerance
 from ..errors import InputError, ModelError, one_line
-from ..importer.tflite import load_tflite, tensor_keys
+from ..importer.tflite import load_tflite, signature_keys, tensor_keys
 
 _NO_INTERPRETER = ("no TFLite interpreter is installed: pip install 'tvm_probe[tflite]' "
                    "(ai-edge-litert; tflite-runtime or tensorflow work too)")
@@ -62,6 +62,9 @@ def tflite_values(model, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
     keys = tensor_keys(parsed.subgraph)
     interp = _interpreter(parsed)
     details = {d["index"]: d for d in interp.get_tensor_details()}
+    if isinstance(inputs, Mapping):  # signature keys (input_ids) stand for their tensors
+        by_key = {name: keys[t] for t, names in signature_keys(parsed.model, keys).items() for name in names}
+        inputs = {by_key.get(k, k) if k not in keys else k: v for k, v in inputs.items()}
     for index, array in _feeds(interp, inputs).items():
         interp.set_tensor(index, array)
     try:
@@ -121,7 +124,7 @@ def _feeds(interp, inputs) -> dict[int, np.ndarray]:
         if array.dtype != np.dtype(spec["dtype"]) or list(array.shape) != spec["shape"].tolist():
             raise InputError(f"input {spec['name']!r} is {array.dtype}{list(array.shape)}, the TFLite model "
                              f"takes {np.dtype(spec['dtype'])}{spec['shape'].tolist()}")
-        feeds[spec["index"]] = np.ascontiguousarray(array)
+        feeds[spec["index"]] = np.require(array, requirements="C")  # ascontiguousarray makes 0-d 1-d
     return feeds
 
 

@@ -42,11 +42,64 @@ def dump_probe(probe, path: Path, opts: DumpOptions) -> Path:
     from .dump import write_dump
 
     capture = probe._require_run()
-    outputs = {i: [a] for i, a in enumerate(capture.inputs)}
+    outputs = {i: [_host(a)] for i, a in enumerate(capture.inputs) if _is_tensor(a)}
     outputs.update({probe.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
     keys = value_keys(probe, opts)
     content = dump_content(probe, outputs, dict(values(probe, keys)), opts)
     return write_dump(Path(path), content, overwrite=opts.overwrite)
+
+
+def dump_calls(probe, path: Path, opts: DumpOptions) -> Path:
+    """Write every :meth:`~tvm_probe.Probe.call` of ``probe`` to ``path``.
+
+    Layout: ``calls.json`` (call, function, time, captured bytes, folder of each call) and
+    ``calls/<call:04d>_<function>/``, each a dump in the layout :meth:`Probe.dump` writes for
+    one ``run()`` (so every reader of a single-run dump reads each call).  Written under a
+    temporary name and renamed when complete.
+    """
+    import json
+    import os
+    import shutil
+
+    from ..errors import DumpExistsError
+    from .atomic import replace_folder
+
+    path = Path(path)
+    if path.exists() and not opts.overwrite:
+        raise DumpExistsError(f"{path} exists: pass overwrite=True to replace it")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "calls").mkdir(parents=True)
+    listed = []
+    try:
+        for record in probe._calls:
+            if record.capture is None:  # dropped by forget_calls: listed, without values
+                listed.append({"call": record.index, "function": record.function, "folder": None})
+                continue
+            folder = f"calls/{record.index:04d}_{record.function}"
+            with probe.in_call(record.index) as function_probe:
+                dump_probe(function_probe, tmp / folder, opts)
+            listed.append({"call": record.index, "function": record.function,
+                           "time_us": record.time_us if opts.timings else None,
+                           "captured_bytes": record.captured_bytes, "folder": folder})
+        (tmp / "calls.json").write_text(json.dumps({"format": "tvm_probe.calls/1", "calls": listed}, indent=1))
+        return replace_folder(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _is_tensor(value) -> bool:
+    """A call argument with an array value (not a KV cache, shape or tuple of weights)."""
+    import numpy as np
+
+    return isinstance(value, np.ndarray) or (hasattr(value, "numpy") and hasattr(value, "shape"))
+
+
+def _host(value):
+    import numpy as np
+
+    return value if isinstance(value, np.ndarray) else value.numpy()
 
 
 def run_streaming(probe, arrays, plan, wanted, path: Path, opts: DumpOptions):

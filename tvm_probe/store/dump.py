@@ -41,11 +41,13 @@ import numpy as np
 
 from .. import __version__
 from ..errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
-from ..results import NodeInfo, Results
+from ..results import NodeInfo, Results, not_computed
 from ..sources import Kind, Served, SourceMap, SourceValue
+from ..viewable import Viewable
 from . import graph as graph_layout
 from . import legacy, paramdict
 from .atomic import replace_folder
+from .graph import DEVICE_DIR_PREFIX, GRAPH, TENSORS, TRACE
 from .legacy import tensor_key
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,6 @@ log = logging.getLogger(__name__)
 FORMAT = "tvm_probe-dump"
 FORMAT_VERSION = 2  # 2: the graph JSON is TVM's debug dump node for node (1 kept the executor's graph)
 MANIFEST = "tvm_probe_manifest.json"
-GRAPH = "_tvmdbg_graph_dump.json"
-TENSORS = "output_tensors.params"
-TRACE = "_tvmdbg_execution_trace.json"
 SOURCES = "_tvmprobe_sources.json"
 VALUES = "_tvmprobe_values.params"
 
@@ -107,7 +106,7 @@ class DumpWriter:
         try:
             self.root.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.partial-", dir=self.root.parent))
-            self.device_dir = self.tmp / f"_tvmdbg_device_{device}"
+            self.device_dir = self.tmp / f"{DEVICE_DIR_PREFIX}{device}"
             self.device_dir.mkdir()
         except OSError as err:
             raise DumpError(f"cannot write dump to '{self.root}': {err.strerror or err}") from None
@@ -248,7 +247,7 @@ def _manifest(tmp: Path, content: DumpContent) -> dict:
     return {"format": FORMAT, "version": FORMAT_VERSION, "tvm_probe_version": __version__,
             "tvm_version": tvm_version, "model_hash": content.model_hash,
             "import_fixes": [f["name"] for f in content.import_fixes],
-            "device_dir": f"_tvmdbg_device_{content.device}", "files": files}
+            "device_dir": f"{DEVICE_DIR_PREFIX}{content.device}", "files": files}
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -263,7 +262,7 @@ def load_dump(path) -> "DumpReader":
     return DumpReader(Path(path))
 
 
-class DumpReader(Results):
+class DumpReader(Results, Viewable):
     """A dump read back: the same ``get`` / ``get_all`` / ``get_node_output`` / tables as a Probe.
 
     Also: ``inputs`` (the run's inputs by name), ``metadata`` (what the writer stored, e.g. the
@@ -273,6 +272,8 @@ class DumpReader(Results):
 
     Values are read-only arrays mapped from the dump's files, read from disk on first use.
     """
+
+    is_dump = True
 
     def __init__(self, root: Path):
         if not root.is_dir():
@@ -298,7 +299,7 @@ class DumpReader(Results):
         self.written_by, self.source_names_known = "tvm_probe", True
         self.manifest = self._verified_manifest()
         device_dir = self.root / self.manifest["device_dir"]
-        self.device = device_dir.name.removeprefix("_tvmdbg_device_")
+        self.device = device_dir.name.removeprefix(DEVICE_DIR_PREFIX)
         meta = self._json(device_dir / SOURCES)
         with self._malformed(device_dir.name, "graph or sources JSON", "write the dump again"):
             sources = SourceMap()
@@ -489,12 +490,8 @@ class DumpReader(Results):
         if value.kind is Kind.PARAM:
             raise NotCapturedError(f"weight {value.display_name!r} is not stored in this dump: dump with "
                                    "include_weights=True (YAML: output: {weights: true})")
-        if value.served is Served.UNAVAILABLE:
-            raise NotCapturedError(f"{value.display_name!r} is dead code: no output of the source model "
-                                   "depends on it, so the compiled module need not compute it")
-        if value.served is Served.UNKNOWN:
-            raise NotCapturedError(f"tvm_probe could not tell where the compiled module holds "
-                                   f"{value.display_name!r}, so the dump does not hold it")
+        if value.served in (Served.UNAVAILABLE, Served.UNKNOWN):
+            raise not_computed(value, "the dump does not record why")
         if value.served is Served.RECOMPUTED and not self._capture_limited(value):
             raise NotCapturedError(f"{value.display_name!r} is kept inside a fused kernel and this dump was "
                                    "written without recomputed values: dump with recomputed=True")

@@ -31,6 +31,12 @@ from __future__ import annotations
 
 from ..results import NodeInfo
 
+# The file names of TVM's debug dump layout (what v0.19's debug executor wrote, and we write).
+DEVICE_DIR_PREFIX = "_tvmdbg_device_"
+GRAPH = "_tvmdbg_graph_dump.json"
+TENSORS = "output_tensors.params"
+TRACE = "_tvmdbg_execution_trace.json"
+
 EXTRA = "tvm_probe"  # the per-node key holding what tvm_probe adds
 NOP = "__nop"  # TVM's graph-executor kernel for a reshape that shares its input's storage
 UNKNOWN_OUTPUT = -1  # output number of an input whose producer has several outputs, in TVM's dumps

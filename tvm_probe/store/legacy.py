@@ -24,9 +24,7 @@ from pathlib import Path
 from ..errors import CorruptDumpError, DumpError
 from ..results import NodeInfo
 from ..sources import Kind, Served, SourceMap, SourceValue
-from .graph import NOP, UNKNOWN_OUTPUT
-
-GRAPH = "_tvmdbg_graph_dump.json"
+from .graph import GRAPH, NOP, UNKNOWN_OUTPUT
 PROBE_FILE_PREFIX = "_tvmprobe_"  # files only tvm_probe writes into the device folder
 
 NOTE = ("written by TVM's graph debug executor, not by tvm_probe: source names are not known for "

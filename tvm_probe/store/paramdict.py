@@ -54,7 +54,6 @@ reads and writes them like any other tensor.
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 import struct
@@ -63,6 +62,8 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 
 import numpy as np
+
+from ..dtypes import numpy_dtype
 
 __all__ = [
     "LIST_MAGIC",
@@ -107,8 +108,6 @@ _DTYPES: dict[tuple[int, int], str] = {
 }
 _LEGACY_DTYPES: dict[tuple[int, int], str] = {(1, 1): "bool"}
 _DTYPE_CODES: dict[str, tuple[int, int]] = {name: key for key, name in _DTYPES.items()}
-# Names that numpy only knows through the optional ml_dtypes package.
-_ML_DTYPES = frozenset(n for n in _DTYPE_CODES if n == "bfloat16" or n.startswith("float8_"))
 _MAX_NDIM = 64  # numpy's limit; also bounds what a corrupted ndim can allocate
 _MAX_NBYTES = 2**63 - 1  # data_byte_size is an int64
 
@@ -135,24 +134,11 @@ class TensorEntry:
 # --------------------------------------------------------------------------- dtypes
 
 
-@functools.lru_cache(maxsize=None)
-def _numpy_dtype(name: str) -> np.dtype | None:
-    """The numpy dtype for a table name, or None if it needs a missing ml_dtypes."""
-    if name in _ML_DTYPES:
-        try:
-            import ml_dtypes
-        except ImportError:
-            return None
-        kind = getattr(ml_dtypes, name, None)
-        return None if kind is None else np.dtype(kind)
-    return np.dtype(name)
-
-
 def _dtype_code(dtype: np.dtype) -> tuple[int, int]:
     """(code, bits) for a numpy dtype, or TypeError if TVM's format cannot hold it."""
     native = dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype
     key = _DTYPE_CODES.get(native.name)
-    if key is None or _numpy_dtype(native.name) != native:
+    if key is None or numpy_dtype(native.name) != native:
         raise TypeError(f"dtype {dtype} cannot be stored in a TVM param dict")
     return key
 
@@ -376,7 +362,7 @@ def view(data, entry: TensorEntry, *, source: str = "<bytes>") -> np.ndarray:
     Read-only when ``data`` is immutable; a copy only on big-endian hosts.
     """
     where = f"{source}: tensor {entry.name!r} at byte {entry.offset}"
-    dtype = _numpy_dtype(entry.dtype)
+    dtype = numpy_dtype(entry.dtype)
     if dtype is None:
         raise DtypeUnavailableError(f"{where}: dtype {entry.dtype} needs the ml_dtypes package "
                                     "(pip install ml_dtypes)")

@@ -1,0 +1,181 @@
+"""Calls of a multi-function executable: what each :meth:`Probe.call` ran and captured.
+
+A :class:`CallRecord` is plain data (numbered from 0 in call order): the function, the
+:class:`~tvm_probe.capture.Capture` of that call, and what it was asked to capture.  Values are
+served from it by the function's own probe, so a name means what it means in that function.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import InputError, ProbeError
+
+
+@dataclass
+class CallRecord:
+    """One :meth:`Probe.call`.
+
+    Attributes:
+        index: its number (0 for the first call).
+        function: the VM function it ran.
+        capture: what the instrument copied (and the arguments, as passed).
+        wanted: the keys it was asked to capture (None: everything).
+        time_us: wall time of the VM function.
+        captured_bytes: bytes of kernel outputs copied during the call.
+        values: values recomputed from this call (kept so a second read costs nothing).
+        kv: what the paged KV caches held after the call (``paged_kv_cache.layers.0.k``...).
+    """
+
+    index: int
+    function: str
+    capture: Any
+    wanted: set | None
+    time_us: float
+    captured_bytes: int
+    values: dict = field(default_factory=dict)
+    kv: dict = field(default_factory=dict)  # KV cache contents after the call, by name
+
+
+def captured_bytes(capture) -> int:
+    """Bytes of kernel outputs ``capture`` holds (the native instrument counts them itself)."""
+    if capture.copied_bytes:
+        return int(capture.copied_bytes)
+    return int(sum(a.nbytes for site in capture.outputs for a in capture.outputs[site]))
+
+
+def as_numpy(value) -> np.ndarray:
+    """A call argument as numpy: arrays as they are, device tensors copied to the host."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    raise ProbeError(f"this argument is a {type(value).__name__}, not a tensor: it has no array value")
+
+
+def call_arguments(model, args: tuple, function: str) -> list:
+    """Every parameter's argument of one call: ``args`` where the caller passes them, the
+    probe's held weights elsewhere; tensors given as numpy are checked against the parameter."""
+    from .inputs import check_input
+
+    free = [i for i in range(len(model.params)) if i not in model.held]
+    if len(args) != len(free):
+        wanted = ", ".join(f"{name} ({spec.dtype}{list(spec.shape) if spec.shape else ''})"
+                           for i, (name, spec) in enumerate(model.params) if i in free)
+        raise InputError(f"{function}() takes {len(free)} argument(s), got {len(args)}: it takes {wanted or 'none'}")
+    full = [None] * len(model.params)
+    for i, value in model.held.items():
+        full[i] = value
+    for i, value in zip(free, args):
+        spec = model.params[i][1]
+        if isinstance(value, np.ndarray):
+            value = check_input(spec, value, allow_nonfinite=True)
+        full[i] = value
+    return full
+
+
+@contextlib.contextmanager
+def serving(probe, record: CallRecord):
+    """``probe`` (a function probe) serves ``record``'s values while the block runs: its nodes
+    take that call's times (and sizes, for symbolic shapes); what it served before comes back after."""
+    saved = probe._capture, probe._wanted, probe._values
+    if saved[0] is not record.capture:
+        probe._accept(record.capture, record.wanted)
+    probe._values = record.values
+    try:
+        yield probe
+    finally:
+        record.values = probe._values
+        if saved[0] is not record.capture:
+            if saved[0] is not None:
+                probe._accept(saved[0], saved[1])
+            probe._capture, probe._wanted, probe._values = saved
+
+
+# -- comparison per call -------------------------------------------------------------------------
+@dataclass
+class CallsComparison:
+    """One :class:`~tvm_probe.compare.Comparison` per call, in call order; truthy when all are.
+
+    Attributes:
+        by_call: ``[(call index, function, Comparison)]``.
+    """
+
+    by_call: list = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return all(bool(c) for _, _, c in self.by_call)
+
+    @property
+    def first_divergent(self):
+        """``(call, ValueComparison)`` of the earliest call's first divergent value, or None."""
+        return next(((k, c.first_divergent) for k, _, c in self.by_call if c.first_divergent is not None), None)
+
+    def table(self):
+        """DataFrame: one row per call — compared, diverged, unchecked, first divergent value, max abs error."""
+        import pandas as pd
+
+        rows = [{"call": k, "function": f, "compared": len(c.values), "diverged": len(c.failed),
+                 "unchecked": len(c.unchecked),
+                 "first_divergent": c.first_divergent.name if c.first_divergent else None,
+                 "max_abs": max((v.max_abs for v in c.values), default=None)} for k, f, c in self.by_call]
+        return pd.DataFrame(rows, columns=["call", "function", "compared", "diverged", "unchecked",
+                                           "first_divergent", "max_abs"])
+
+    def verdict(self) -> str:
+        """One line per call (its :meth:`Comparison.verdict`)."""
+        return "\n".join(f"call {k} ({f}): {c.verdict()}" for k, f, c in self.by_call)
+
+
+def compare_call(probe, reference: Mapping, call: int | None = None, name_map: Mapping | None = None,
+                 atol: float | None = None, rtol: float | None = None):
+    """Compare call ``call`` of ``probe`` with ``reference`` (``{name: array}``).
+
+    Reference names are resolved within the call's function, after ``name_map``
+    (``{reference name: probe name}``, for paths that differ between the two models); a
+    reference name that names nothing there is an error (a typo must not pass as "nothing to
+    check").  Only the values the reference has are compared.
+    """
+    from .compare import Comparison, compare
+
+    name_map = dict(name_map or {})
+    out = Comparison()
+    with probe.in_call(call) as function_probe:
+        # several reference names may name one value (a module and its last child): each is
+        # compared, under its own name, so no reference is dropped
+        rounds: list[dict] = []
+        for name, array in reference.items():
+            key = function_probe.resolve(name_map.get(name, name))
+            free = next((r for r in rounds if key not in r), None)
+            if free is None:
+                rounds.append(free := {})
+            free[key] = (name, array)
+        for r in rounds:
+            got = compare(function_probe, {k: a for k, (_, a) in r.items()}, atol=atol, rtol=rtol, keys=set(r))
+            for value in got.values:
+                value.name = r[value.key][0]
+                out.add(value)
+            for key, why in got.unchecked.items():
+                out.unchecked[r[key][0]] = why
+                out.names[r[key][0]] = r[key][0]
+            out.tolerance_rule = got.tolerance_rule
+    return out
+
+
+def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,
+                  rtol: float | None = None, calls=None) -> CallsComparison:
+    """:func:`compare_call` for several calls: ``references[i]`` against call ``calls[i]``
+    (default: the last ``len(references)`` calls, in order)."""
+    references = list(references)
+    if calls is None:
+        calls = list(range(len(probe._calls) - len(references), len(probe._calls)))
+    if len(calls) != len(references) or min(calls, default=0) < 0:
+        raise ProbeError(f"{len(references)} references for {len(calls)} calls ({len(probe._calls)} made): give one "
+                         "reference per call")
+    out = CallsComparison()
+    for k, ref in zip(calls, references):
+        out.by_call.append((k, probe.call_record(k).function, compare_call(probe, ref, k, name_map, atol, rtol)))
+    return out
