@@ -657,9 +657,11 @@ NOTES = """## Why targets are missed where they are
   instrument (C++, see "Capture instrument" above; the bert-base sections, kept from an earlier
   run, were measured with the Python one, ~3 us a call). `Probe.run` adds fixed per-run work in
   Python (input checks, the capture selection, the node table). Together that is ~0.2 ms, a
-  sixth of a demo run but below 1% of a bert-base run, where every target is met. Selective capture cannot skip the
-  instrument: TVM has no per-kernel hook, and the VM must be stopped exactly after the kernel of
-  interest.
+  sixth of a demo run but below 1% of a bert-base run, where every target is met. Since issue 22,
+  a run capturing nothing or a few kernels skips TVM's instrument altogether (see "Per-run
+  overhead": `tvm_probe/kernel_hook.py`); what remains there is ~10 us of `Probe.run`'s own Python
+  (input checks above all, 6 us) and the hooked VM itself, within 1-2 % of a plain VM (noise on
+  this machine is of the same size).
 - **Full capture to disk on the demo.** A complete dump has fixed costs (six files, fsync, a
   sha256 manifest: about 10 ms) that dwarf a sub-millisecond run. On bert-base streaming costs
   about what capturing to memory costs, with a bounded peak.

@@ -131,13 +131,14 @@ def main() -> None:
         lines.append("")
     lines += [
         "Why the target is missed: a decode step of this model is ~100 us, so every fixed cost of a call shows. "
-        "TVM's dispatch to any instrument is the no-op row (0-5 %). The rest (~40 us) is tvm_probe's own work "
-        "per call in Python: checking and merging the arguments with the held weights, the capture plan lookup, "
-        "starting and ending the native session, turning its times into the call's record. On a model whose "
-        "step takes milliseconds this is a few percent; meeting 1.05x on a 100 us step needs a call path with "
-        "about 5 us of fixed cost, not done here: routing decode through the kernel-hook VM (kernel_hook.py) instead "
-        "of the instrument was tried and did not change the numbers, the cost is the Python around the call. "
-        "Measured on a 2-core machine shared with other jobs: ratios vary by about 0.1x between runs.", ""]
+        "After the first call of a function (which goes through TVM's instrument and checks the call sequence), "
+        "calls capturing nothing or a few kernels run in a VM that wraps only those kernels (kernel_hook.py): no "
+        "TVM instrument at all, so the no-op row's 3-4 % is gone. What is left with capture=None (~20 us) is "
+        "tvm_probe's own Python around each call: checking and merging the arguments with the held weights, "
+        "copying the token to the device, the capture plan lookup, the call's record; one value adds the "
+        "wrapped kernels' calls (every call of their symbols, all layers) and the copies. Meeting 1.05x on a "
+        "100 us step needs about 5 us of fixed cost per call: not done. Measured on a quiet 2-core machine; "
+        "ratios vary by a few percent between runs.", ""]
     section = "\n".join(lines) + "\n"
     print(section)
     results = HERE / "results.md"
