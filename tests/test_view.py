@@ -391,3 +391,34 @@ def test_the_own_layout_keeps_200_kernels_apart():
             assert xa + wa <= xb or xb + wb <= xa or ya + ha <= yb or yb + hb <= ya, "boxes overlap"
     assert all(x >= 0 for x, *_ in rects)
     assert svg.count('class="edge"') == sum(len({i for i, _ in n.inputs}) for n in nodes)
+
+
+def test_a_pytorch_dump_shows_its_exported_program_with_the_overlays(tmp_path):
+    """PyTorch: the source graph is the ExportedProgram tvm_probe imported, converted by Model
+    Explorer's own adapter; its nodes are fx nodes, so each value lands on its own node."""
+    pytest.importorskip("torch")
+    from dacite import Config, from_dict
+    from model_explorer.graph_builder import Graph
+
+    from torch_models import tiny_torch_bert
+    from tvm_probe import compare, load_dump, torch_values
+    from tvm_probe.view import export
+
+    module, args = tiny_torch_bert()
+    probe = Probe.from_torch(module, args)
+    probe.run([a.numpy() for a in args])
+    factory = Path(__file__).parent / "torch_models.py"
+    probe.dump(tmp_path / "dump", metadata={"model": {"torch": f"{factory}:tiny_torch_bert"}})
+    reader = load_dump(tmp_path / "dump")
+    comparison = compare(reader, torch_values(module, args))
+    files = export(reader, tmp_path / "view", comparison)  # the model comes from the dump's record
+    assert files.source_adapter == "builtin_json" and "model_explorer_onnx" not in files.commands[0]
+    (raw,) = _read(files.source_model)["graphs"]
+    graph = from_dict(Graph, raw, Config(strict=True))
+    ids = {n.id for n in graph.nodes}
+    verdict = _read(files.source_overlays["verdict"])[graph.id]["results"]
+    compared = {c.key: c for c in comparison.values}
+    assert comparison and compared
+    on_graph = {key for key in compared if key in verdict}  # computed values: their key is the fx node's name
+    assert len(on_graph) >= 0.9 * len(compared), sorted(set(compared) - on_graph)[:5]
+    assert set(verdict) <= ids and {verdict[k]["value"] for k in on_graph} == {"passed"}

@@ -21,15 +21,19 @@ from .errors import (  # noqa: E402  (version first: the dump writer records it)
 #: What a user imports from ``tvm_probe``: the probe and dumps, comparison, references, errors.
 #: Everything here is loaded on first use (see __getattr__).
 _LAZY = {
-    "Probe": ".probe", "load_dump": ".store.dump", "compare": ".compare", "Comparison": ".compare",
+    "Probe": ".probe", "load_dump": ".store.dump", "Comparison": ".compare",
     "Status": ".compare", "Tolerance": ".tolerance", "Reference": ".reference",
     "register_reference": ".reference", "get_reference": ".reference",
     "onnxruntime_values": ".reference.onnxruntime", "torch_values": ".reference.torch",
     "tflite_values": ".reference.tflite",
 }
 
+# Not lazy: the function must win over the submodule of the same name, which Python binds on the
+# package when it is first imported (numpy only, like the errors above).
+from .compare import compare  # noqa: E402
+
 __all__ = [
-    *_LAZY, "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
+    *_LAZY, "compare", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
     "TVMBehaviourChanged", "TVMError", "TVMCompileError", "TVMRunError", "__version__",

@@ -277,6 +277,7 @@ class SourceModel:
     path: Path
     graph_id: str
     node_values: dict[str, list[str]] = field(default_factory=dict)  # node id -> value keys
+    adapter: str | None = None  # Model Explorer's adapter for the file (None: by its extension)
 
 
 def _onnx_nodes(path: Path, known: set[str]) -> tuple[str, dict[str, list[str]]]:
@@ -301,6 +302,24 @@ def _tflite_nodes(path: Path, known: set[str]) -> tuple[str, dict[str, list[str]
     return _tensor_map(collections[0].graphs[0], known)
 
 
+def _torch_model(module, example_inputs, known: set[str], workdir: Path) -> SourceModel:
+    """The ExportedProgram tvm_probe imports (the same node names), converted by Model
+    Explorer's own PyTorch adapter and written as its JSON graph; nodes are fx nodes."""
+    from model_explorer.config import DEFAULT_SETTINGS
+    from model_explorer.pytorch_exported_program_adapter_impl import PytorchExportedProgramAdapterImpl
+    from model_explorer.utils import convert_adapter_response
+
+    from .importer.torch import export_program, node_keys
+
+    program = export_program(module, example_inputs)
+    graphs = convert_adapter_response(PytorchExportedProgramAdapterImpl(program, DEFAULT_SETTINGS).convert())
+    path = Path(workdir) / "model.pt2.json"
+    _write(path, graphs)
+    keys = {node.name: key for node, key in node_keys(program).items()}
+    mapping = {name: [key] for name, key in keys.items() if key in known}
+    return SourceModel(path=path, graph_id=graphs["graphs"][0]["id"], node_values=mapping, adapter="builtin_json")
+
+
 def _tensor_map(graph, known: set[str]) -> tuple[str, dict[str, list[str]]]:
     """Node id -> the tensor names (among ``known``) its outputs carry, for dataclass or JSON graphs."""
     get = (lambda o, k: o.get(k)) if isinstance(graph, dict) else getattr
@@ -319,14 +338,21 @@ def _tensor_map(graph, known: set[str]) -> tuple[str, dict[str, list[str]]]:
 def source_model(results, model=None, workdir: Path | None = None) -> SourceModel | None:
     """The source model a dump points to (or ``model``: a path or an ``onnx.ModelProto``).
 
-    None when the model is PyTorch (shown as kernels only); a one-line error when none is known.
+    A PyTorch model (a dump recording its factory, or ``model=(module, example_inputs)``) is
+    shown as the ExportedProgram tvm_probe imported; a one-line error when no model is known.
     """
     described = getattr(results, "metadata", {}).get("model") if model is None else None
     if model is None and not described:
         raise ProbeError("this run does not record its source model: give it with --model PATH "
                          "(Python: view(model=...); dumps written by 'tvm-probe run' record it)")
+    known = {v.key for v in results.sources_map}
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="tvm_probe_view_"))
     if described and "torch" in described:
-        return None
+        from .config import ModelSpec
+
+        model = ModelSpec(torch=described["torch"]).load_torch()
+    if isinstance(model, tuple):  # (torch module, example inputs), as Probe.from_torch takes them
+        return _torch_model(*model, known, workdir)
     if model is None and "demo" in described:
         from . import demo
 
@@ -336,14 +362,12 @@ def source_model(results, model=None, workdir: Path | None = None) -> SourceMode
     if not isinstance(model, (str, Path)):  # an onnx.ModelProto: Model Explorer reads files
         import onnx
 
-        workdir = Path(workdir or tempfile.mkdtemp(prefix="tvm_probe_view_"))
         path = workdir / "model.onnx"
         onnx.save(model, str(path))
         model = path
     path = Path(model)
     if not path.is_file():
         raise ProbeError(f"the source model '{path}' does not exist: give it with --model PATH")
-    known = {v.key for v in results.sources_map}
     read = _tflite_nodes if path.suffix == ".tflite" else _onnx_nodes
     graph_id, mapping = read(path, known)
     if not mapping:
@@ -362,6 +386,7 @@ class ViewFiles:
     kernel_overlays: dict[str, Path]
     source_model: Path | None
     source_overlays: dict[str, Path]
+    source_adapter: str | None = None  # builtin_json for a PyTorch model's graph
     first_divergent: str | None = None   # source node id of the first divergent value
     first_divergent_value: str | None = None
 
@@ -373,8 +398,8 @@ class ViewFiles:
         lines = [f"model-explorer {self.kernel_graph} --node_data_paths={kernels}"]
         if self.source_model is not None:
             source = ",".join(str(p) for p in self.source_overlays.values())
-            lines.insert(0, f"model-explorer {self.source_model} --extensions=model_explorer_onnx "
-                            f"--node_data_paths={source}")
+            extension = "" if self.source_adapter else " --extensions=model_explorer_onnx"
+            lines.insert(0, f"model-explorer {self.source_model}{extension} --node_data_paths={source}")
         return lines
 
 
@@ -412,7 +437,7 @@ def export(results, folder, comparison=None, model=None, overwrite: bool = False
                 rel = f"source.{_file_name(name)}.json"
                 _write(tmp / rel, node_data(source.graph_id, name, res, atol))
                 files.source_overlays[name] = folder / rel
-            files.source_model = source.path
+            files.source_model, files.source_adapter = source.path, source.adapter
             if source.path.parent == tmp:  # a model that had no file (demo, ModelProto): keep it
                 files.source_model = folder / source.path.name
             if first is not None:
@@ -452,7 +477,8 @@ def config(files: ViewFiles):
     me = _model_explorer()
     cfg = me.config()
     if files.source_model is not None:
-        cfg.add_model_from_path(str(files.source_model))
+        cfg.add_model_from_path(str(files.source_model),
+                                **({"adapterId": files.source_adapter} if files.source_adapter else {}))
         for path in files.source_overlays.values():
             cfg.add_node_data_from_path(str(path), model_name=files.source_model.name)
     cfg.add_model_from_path(str(files.kernel_graph), adapterId="builtin_json")
