@@ -422,3 +422,17 @@ def test_a_pytorch_dump_shows_its_exported_program_with_the_overlays(tmp_path):
     on_graph = {key for key in compared if key in verdict}  # computed values: their key is the fx node's name
     assert len(on_graph) >= 0.9 * len(compared), sorted(set(compared) - on_graph)[:5]
     assert set(verdict) <= ids and {verdict[k]["value"] for k in on_graph} == {"passed"}
+
+
+def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
+    """`tvm-probe run configs/demo.yaml` records the demo as its config gave it (a preset and
+    sizes): the view builds that same model again."""
+    from tvm_probe import demo, load_dump
+    from tvm_probe.view import export
+
+    model = demo.tiny_bert(num_layers=1)
+    probe = Probe.from_onnx(model)
+    probe.run(demo.demo_inputs(model))
+    probe.dump(tmp_path / "dump", metadata={"model": {"demo": {"preset": "tiny", "num_layers": 1}}})
+    files = export(load_dump(tmp_path / "dump"), tmp_path / "view")
+    assert files.source_model.name == "model.onnx" and files.source_overlays["served"].is_file()

@@ -353,10 +353,10 @@ def source_model(results, model=None, workdir: Path | None = None) -> SourceMode
         model = ModelSpec(torch=described["torch"]).load_torch()
     if isinstance(model, tuple):  # (torch module, example inputs), as Probe.from_torch takes them
         return _torch_model(*model, known, workdir)
-    if model is None and "demo" in described:
-        from . import demo
+    if model is None and "demo" in described:  # built again as the config built it (presets included)
+        from .config import ModelSpec
 
-        model = demo.tiny_bert(**(described.get("demo") or {}))
+        model = ModelSpec(demo=dict(described.get("demo") or {})).load()
     if model is None:
         model = described.get("onnx") or described.get("tflite")
     if not isinstance(model, (str, Path)):  # an onnx.ModelProto: Model Explorer reads files
