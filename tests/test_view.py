@@ -436,3 +436,17 @@ def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
     probe.dump(tmp_path / "dump", metadata={"model": {"demo": {"preset": "tiny", "num_layers": 1}}})
     files = export(load_dump(tmp_path / "dump"), tmp_path / "view")
     assert files.source_model.name == "model.onnx" and files.source_overlays["served"].is_file()
+
+
+def test_a_model_record_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path):
+    """A dump recording a model kind compare/view cannot rebuild is refused, never read as the demo."""
+    from tvm_probe import ProbeError, demo, load_dump
+    from tvm_probe.dump_reference import compare_dump
+
+    model = demo.tiny_bert(num_layers=1)
+    probe = Probe.from_onnx(model)
+    probe.run(demo.demo_inputs(model))
+    probe.dump(tmp_path / "dump", metadata={"model": {"hf": "llm.py:build"}})
+    with pytest.raises(ProbeError, match=r"^this dump records a model tvm_probe cannot rebuild here \(hf\): "
+                                         r"give an ONNX export of it with --model PATH$"):
+        compare_dump(load_dump(tmp_path / "dump"))

@@ -359,7 +359,8 @@ class DebugExecutor:
                 source ops (``err.failure``), with TVM's message.
             RemoteError: the remote device was lost (a TVMRunError: nothing of the run is kept).
         """
-        hooked = self._hooked_vm(plan) if not kernel_times and observer is None else None
+        # (not for a streamed run: a hooked run that fails is run again, and its copies went out)
+        hooked = self._hooked_vm(plan) if not kernel_times and observer is None and sink is None else None
         if hooked is not None:
             return self._run_hooked(hooked, inputs, plan, sink, raw)
         self._prepare()

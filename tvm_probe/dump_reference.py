@@ -19,7 +19,7 @@ def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
     if not reader.source_names_known:
         raise ProbeError("this dump was written by TVM's debug executor: it has no source names to match "
                          "the reference by; compare a dump written by tvm_probe")
-    spec = _recorded_model(reader, model_path)
+    spec = recorded_model(reader, model_path)
     model = spec.load()
     imported_hash = _model_hash(spec, model)
     if reader.model_hash and imported_hash != reader.model_hash:
@@ -31,7 +31,9 @@ def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
     return compare(reader, reference, atol=atol, rtol=rtol, keys=reader.captured_keys, progress=progress)
 
 
-def _recorded_model(reader, model_path) -> ModelSpec:
+def recorded_model(reader, model_path=None) -> ModelSpec:
+    """The model a dump records (``metadata.model``, as ``tvm-probe run`` writes it), or the ONNX
+    file ``model_path``; the one reading of that record (``compare DUMP``, ``view DUMP``)."""
     if model_path is not None:
         return ModelSpec(onnx=Path(model_path))
     described = reader.metadata.get("model")
@@ -43,7 +45,10 @@ def _recorded_model(reader, model_path) -> ModelSpec:
     for kind in ("onnx", "tflite"):
         if kind in described:
             return ModelSpec(shapes=shapes, **{kind: Path(described[kind])})
-    return ModelSpec(demo=described.get("demo") or {})
+    if "demo" in described:
+        return ModelSpec(demo=dict(described["demo"] or {}))
+    raise ProbeError(f"this dump records a model tvm_probe cannot rebuild here ({', '.join(described)}): "
+                     "give an ONNX export of it with --model PATH")
 
 
 def _model_hash(spec: ModelSpec, model) -> str:

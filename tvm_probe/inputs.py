@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .dtypes import numpy_dtype
 from .errors import InputError
 
 
@@ -70,7 +71,7 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     array = value if type(value) is np.ndarray else np.asarray(value)
     if array.dtype == object:
         raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
-    if array.dtype != _numpy(spec.dtype):
+    if array.dtype != numpy_dtype(spec.dtype):
         raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
                          f"convert it with .astype('{spec.dtype}')")
     if array.shape != spec.shape and (len(array.shape) != len(spec.shape) or any(
@@ -85,16 +86,6 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     if array.flags.c_contiguous:
         return array
     return np.require(array, requirements="C")  # not ascontiguousarray: that turns 0-d into 1-d
-
-
-_DTYPES: dict[str, np.dtype] = {}
-
-
-def _numpy(dtype: str) -> np.dtype:
-    """``np.dtype(dtype)``, looked up once per name (this runs on every run of a model)."""
-    if dtype not in _DTYPES:
-        _DTYPES[dtype] = np.dtype(dtype)
-    return _DTYPES[dtype]
 
 
 def _check_ids(spec, array: np.ndarray) -> None:

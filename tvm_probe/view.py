@@ -347,18 +347,14 @@ def source_model(results, model=None, workdir: Path | None = None) -> SourceMode
                          "(Python: view(model=...); dumps written by 'tvm-probe run' record it)")
     known = {v.key for v in results.sources_map}
     workdir = Path(workdir or tempfile.mkdtemp(prefix="tvm_probe_view_"))
-    if described and "torch" in described:
-        from .config import ModelSpec
+    if model is None:  # read as `tvm-probe compare DUMP` reads it (a demo built as its config built it)
+        from .dump_reference import recorded_model
 
-        model = ModelSpec(torch=described["torch"]).load_torch()
+        spec = recorded_model(results)
+        model = spec.load_torch() if spec.kind == "torch" else spec.load() if spec.kind == "demo" \
+            else spec.onnx or spec.tflite
     if isinstance(model, tuple):  # (torch module, example inputs), as Probe.from_torch takes them
         return _torch_model(*model, known, workdir)
-    if model is None and "demo" in described:  # built again as the config built it (presets included)
-        from .config import ModelSpec
-
-        model = ModelSpec(demo=dict(described.get("demo") or {})).load()
-    if model is None:
-        model = described.get("onnx") or described.get("tflite")
     if not isinstance(model, (str, Path)):  # an onnx.ModelProto: Model Explorer reads files
         import onnx
 
