@@ -32,15 +32,14 @@ class HookedVM:
     unobserved.
     """
 
-    def __init__(self, executable, device, symbols: Iterable[str], hooked: Iterable[str], kernel_map=None):
+    def __init__(self, executable, device, symbols: Iterable[str], hooked: Iterable[str], kernel_map):
         import tvm_ffi
         from tvm.runtime.vm import VirtualMachine
 
         self.hooked = frozenset(hooked)
         self.observer: Callable[[str, tuple, bool], None] = _ignore
         #: the call sites of each hooked symbol, by occurrence
-        self.sites_of = {symbol: [s for s in kernel_map.sites if s.symbol == symbol] for symbol in self.hooked} \
-            if kernel_map is not None else {}
+        self.sites_of = {symbol: [s for s in kernel_map.sites if s.symbol == symbol] for symbol in self.hooked}
         self._functions: dict = {}
         runtime = executable.jit()
         module = runtime["vm_load_executable"]()
@@ -50,7 +49,7 @@ class HookedVM:
         if absent:
             raise LookupError(f"kernels {absent[:3]} are not in the executable's library")
         with _REGISTERING:
-            previous = {s: tvm_ffi.get_global_func(s, allow_missing=True) for s in symbols}
+            previous = {s: tvm_ffi.get_global_func(s, allow_missing=True) for s in compiled}  # (not the builtins)
             try:
                 for symbol, function in compiled.items():
                     kernel = self._wrap(symbol, function) if symbol in self.hooked else function
