@@ -2,10 +2,10 @@
 
     python bench/fuzz.py --graphs 5000 [--start 0] [--max-ops 10]
 
-Each graph (``tests/fuzz_graphs.py``, seeded by its number) is probed under the ``default`` and
+Each graph (``tests/support/fuzz_graphs.py``, seeded by its number) is probed under the ``default`` and
 ``fused`` pipelines and every served value checked against onnxruntime.  A failing seed is
 printed with its problems; replay it with ``--start SEED --graphs 1`` and turn it into a test in
-``tests/test_kernel_map_regressions.py``.
+``tests/kernel_map/test_kernel_map_regressions.py``.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # tests/, where the support package is
 
-from fuzz_graphs import RandomChooser, check_probe, random_graph, random_inputs  # noqa: E402
+from support.fuzz_graphs import RandomChooser, check_probe, random_graph, random_inputs  # noqa: E402
 
 PIPELINES = ("default", "fused")
 

@@ -2,7 +2,7 @@
 
     python bench/llm.py [--family llama] [--pipeline default] [--repeat 30]
 
-A tiny seeded transformers decoder (tests/hf_models.py) through ``Probe.from_hf``.  Measured,
+A tiny seeded transformers decoder (tests/support/hf_models.py) through ``Probe.from_hf``.  Measured,
 interleaved run by run, medians:
 
 * one decode step: the plain VM call (``vm["decode"]`` on the same arguments) against
@@ -11,7 +11,7 @@ interleaved run by run, medians:
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
   (the eager reference included; target <= 3x).
 
-Prints a Markdown table; nothing is written.
+Prints the tables and writes them to bench/results.md (section "LLM decode step and generation").
 """
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # tests/, where the support package is
+
+
+TARGET = 1.05  # a probed decode step against the plain VM call
+GENERATION_TARGET = 3.0  # a 16-step generation compare against the generation
 
 
 def _decode_args(probe, ids):
@@ -49,11 +53,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="llama")
     parser.add_argument("--pipeline", default="default")
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=400)
     options = parser.parse_args(argv)
 
+    import numpy as np
     import tvm
-    from hf_models import decoder_ids, hf_decoder
+    from support.hf_models import decoder_ids, hf_decoder
     from tvm_probe import Probe
     from tvm_probe.hf import compare_generation
 
@@ -64,9 +69,18 @@ def main(argv=None) -> int:
     # what a user deploys: a VM of the same executable with no instrument (the probe's own VM keeps
     # the no-op instrument its last instrumented run left)
     plain = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())["decode"]
+    token_in, position_in = tvm.runtime.tensor(token), tvm.runtime.tensor(position)
+    token_view, position_view = np.from_dlpack(token_in), np.from_dlpack(position_in)
+
+    def fastest_plain():  # the token and position copied into tensors made once (as probe.call moves them)
+        np.copyto(token_view, token)
+        np.copyto(position_view, position)
+        return plain(token_in, position_in, *past)
+
     variants = {
         # the token and position come from the host each step, as in a user's decode loop
         "plain VM call": lambda: plain(tvm.runtime.tensor(token), tvm.runtime.tensor(position), *past),
+        "fastest plain VM call (input tensors made once)": fastest_plain,
         "probe.call, capture=None": lambda: probe.call("decode", token, position, *past, capture=None),
         "probe.call, one layer": lambda: probe.call("decode", token, position, *past,
                                                     capture=["model.model.layers.0"]),
@@ -74,14 +88,23 @@ def main(argv=None) -> int:
     for fn in variants.values():  # warm up (first-call instrument set-up)
         fn()
     rounds = {name: [] for name in variants}
-    for _ in range(options.repeat):  # interleaved, so load on the machine hits every variant alike
+    for k in range(options.repeat):  # interleaved, so load on the machine hits every variant alike
         for name, fn in variants.items():
             rounds[name].append(_median_us(fn, 1))
+        if k % 64 == 0:
+            probe.forget_calls(keep_last=1)  # a benchmark keeps no history
     base = statistics.median(rounds["plain VM call"])
-    print(f"| decode step ({options.family}, {options.pipeline}) | median us | ratio |\n|---|---|---|")
+    fastest = statistics.median(rounds["fastest plain VM call (input tensors made once)"])
+    lines = [f"Tiny seeded {options.family} (tests/support/hf_models.py) through `Probe.from_hf`, pipeline "
+             f"`{options.pipeline}`; medians of {options.repeat} interleaved decode steps (past of 8 tokens). "
+             f"Target: <= {TARGET:.2f}x the plain VM call, capturing nothing and one layer.", "",
+             "| decode step | median us | ratio | target | | vs fastest plain |", "|---|---|---|---|---|---|"]
     for name, times in rounds.items():
-        print(f"| {name} | {statistics.median(times):.0f} | {statistics.median(times) / base:.3f}x |")
-
+        us = statistics.median(times)
+        target = name.startswith("probe.call")
+        verdict = ("met" if us / base <= TARGET else "missed") if target else ""
+        lines.append(f"| {name} | {us:.0f} | {us / base:.3f}x | {f'<= {TARGET:.2f}x' if target else ''} | {verdict} | "
+                     f"{us / fastest:.3f}x |")
     steps = 16
     start = time.perf_counter()
     probe.generate(ids, steps=steps)
@@ -89,9 +112,21 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     result = compare_generation(probe)
     compare = time.perf_counter() - start
-    print(f"\n| {steps}-step generation | s |\n|---|---|\n| generate | {generation:.2f} |\n"
-          f"| generate + compare_generation | {generation + compare:.2f} ({(generation + compare) / generation:.2f}x) |\n"
-          f"\nverdict: {result.verdict()}")
+    ratio = (generation + compare) / generation
+    lines += ["", f"| {steps}-step generation | s | ratio | target | |", "|---|---|---|---|---|",
+              f"| generate | {generation:.2f} | 1.000x | | |",
+              f"| generate + compare_generation (eager reference included) | {generation + compare:.2f} | {ratio:.2f}x | "
+              f"<= {GENERATION_TARGET:.0f}x | {'met' if ratio <= GENERATION_TARGET else 'missed'} |", "",
+              f"verdict: {result.verdict()}", "",
+              "`probe.call` moves numpy arguments into tensors it made once (a result that may refer to one gives "
+              "it up), so it can beat the plain call as users write it (`tvm.runtime.tensor` per step); the last "
+              "column compares with a plain call fed the same way. A decode step whose shapes are symbolic (the "
+              "past length) has no arena: the one layer's output is handed to Python by the native hook as it "
+              "is produced.", ""]
+    sys.path.insert(0, str(HERE))
+    from sections import write_section
+
+    print(write_section("LLM decode step and generation (issue 24)", lines))
     return 0
 
 

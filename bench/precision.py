@@ -18,7 +18,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 SECTION = "## Precision search (bench/precision.py)"
 TARGET = {"kind": "llvm", "opt-level": 0}  # LLVM's optimizer takes minutes on fp16 erf kernels (docs/precision.md)
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "tools"))  # test_precision.py, whose models this measures
 sys.path.insert(0, str(HERE))
 
 

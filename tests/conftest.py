@@ -5,20 +5,15 @@ and per pipeline, and every test reads from them.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tvm_probe.schema import PIPELINES  # noqa: F401  (tests import it from here)
+from tvm_probe.schema import PIPELINES
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
-
-from tvm_probe import demo  # noqa: E402
-from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
-
-SERVED_COUNTS: dict[str, dict[str, int]] = {}  # filled by test_bert, printed at the end
+# No sys.path entry is added here: pytest's default (prepend) import mode puts tests/ on sys.path to
+# import this file, which is how tests import the ``support`` package.
+from support.session import SERVED_COUNTS
+from tvm_probe import demo
+from tvm_probe.reference.onnxruntime import onnxruntime_values
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -71,14 +66,3 @@ def fused_bert_probe(bert_model):
     from tvm_probe import Probe
 
     return Probe.from_onnx(bert_model, target="llvm", pipeline="fused")
-
-
-def run_cli(*args, quiet: bool = True) -> subprocess.CompletedProcess:
-    """``tvm-probe ARGS`` in a fresh process, as a user's shell runs it (exit status, stdout, stderr)."""
-    return subprocess.run([sys.executable, "-m", "tvm_probe.cli", *(["--quiet"] if quiet else []), *map(str, args)],
-                          capture_output=True, text=True)
-
-
-def run_python(code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh Python process (to test imports and missing packages)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -56,25 +56,38 @@ def as_numpy(value) -> np.ndarray:
     raise ProbeError(f"this argument is a {type(value).__name__}, not a tensor: it has no array value")
 
 
-def call_arguments(model, args: tuple, function: str) -> list:
-    """Every parameter's argument of one call: ``args`` where the caller passes them, the
-    probe's held weights elsewhere; tensors given as numpy are checked against the parameter."""
-    from .inputs import check_input
+class CallArguments:
+    """Every parameter's argument of one call of ``model``'s function: the caller's ``args``
+    where the caller passes them, the probe's held weights elsewhere; tensors given as numpy
+    are checked against the parameter.  Made once per function (a decode step is called
+    thousands of times).  :attr:`arrays_at`: where the last call's numpy arrays are."""
 
-    free = [i for i in range(len(model.params)) if i not in model.held]
-    if len(args) != len(free):
-        wanted = ", ".join(f"{name} ({spec.dtype}{list(spec.shape) if spec.shape else ''})"
-                           for i, (name, spec) in enumerate(model.params) if i in free)
-        raise InputError(f"{function}() takes {len(free)} argument(s), got {len(args)}: it takes {wanted or 'none'}")
-    full = [None] * len(model.params)
-    for i, value in model.held.items():
-        full[i] = value
-    for i, value in zip(free, args):
-        spec = model.params[i][1]
-        if isinstance(value, np.ndarray):
-            value = check_input(spec, value, allow_nonfinite=True)
-        full[i] = value
-    return full
+    def __init__(self, model, function: str):
+        self.model, self.function = model, function
+        self.free = [i for i in range(len(model.params)) if i not in model.held]
+        self.template = [model.held.get(i) for i in range(len(model.params))]
+        from .inputs import fast_check
+
+        self._checks = [fast_check(model.params[i][1]) for i in self.free]
+
+    def __call__(self, args: tuple) -> list:
+        free = self.free
+        if len(args) != len(free):
+            params = self.model.params
+            wanted = ", ".join(f"{params[i][0]} ({params[i][1].dtype}{list(params[i][1].shape) if params[i][1].shape else ''})"
+                               for i in free)
+            raise InputError(f"{self.function}() takes {len(free)} argument(s), got {len(args)}: it takes "
+                             f"{wanted or 'none'}")
+        full, self.arrays_at = self.template.copy(), []
+        for i, value, check in zip(free, args, self._checks):
+            if isinstance(value, np.ndarray):
+                if not (check is not None and check(value, True)):
+                    from .inputs import check_input
+
+                    value = check_input(self.model.params[i][1], value, allow_nonfinite=True)
+                self.arrays_at.append(i)
+            full[i] = value
+        return full
 
 
 @contextlib.contextmanager

@@ -62,7 +62,8 @@ import numpy as np
 from .device import device_type, on_host
 from .errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from .failures import log_details, run_failure
-from .kernel_hook import HOOK, HookedRun, HookedVM, hookable, host_copy, symbols_to_hook
+from .kernel_hook import (HOOK, HookedRun, HookedVM, hookable, host_array, host_copy, registry_settled,
+                          symbols_to_hook)
 from .kernel_map import ArgKind, KernelMap, PlaceKind
 from . import native
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
@@ -103,13 +104,16 @@ class CapturePlanner:
                                         if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
         self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
         self._any_interior = any(p.kind is PlaceKind.INTERIOR for p in kernel_map.places.values())
+        self._everything = CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
+        self._nothing = CapturePlan(outputs=frozenset()), frozenset()
 
     def plan(self, capture) -> tuple[CapturePlan, set[str] | None]:
-        """The plan, and the keys asked for (None: everything)."""
-        if capture == "all":
-            return CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
+        """The plan, and the keys asked for (None: everything).  The same plan object for the
+        same selection (executors key what they prepare by it)."""
         if capture is None:
-            return CapturePlan(outputs=frozenset()), set()
+            return self._nothing
+        if capture == "all":
+            return self._everything
         patterns = (capture,) if isinstance(capture, str) else tuple(capture)
         if patterns not in self._selections:
             self._selections[patterns] = self._select(patterns)
@@ -165,6 +169,75 @@ class Capture:
     input_us: list[float] = field(default_factory=list)
     output_us: list[float] = field(default_factory=list)
     returned: object = None  # what the VM function returned (``DebugExecutor.run(..., raw=True)``)
+    #: native hooks' times not yet made into the dicts: (site indices, [starts, durations] array)
+    timing: tuple | None = None
+
+    def kernel_times(self) -> tuple[dict[int, float], dict[int, float]]:
+        """``(start_us, time_us)`` by call site (made from the hooks' times when first asked:
+        a small model's run cannot afford two dicts it may never need)."""
+        if self.timing is not None:
+            sites, table = self.timing
+            starts, durations = table.tolist()
+            self.start_us, self.time_us = dict(zip(sites, starts)), dict(zip(sites, durations))
+            self.timing = None
+        return self.start_us, self.time_us
+
+
+class _NothingObserved:
+    """The per-run state of a run through a VM with no kernel hooked: nothing to do."""
+
+    def reraise(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    @staticmethod
+    def call(function, args: list):
+        return function(*args)
+
+
+_NOTHING_OBSERVED = _NothingObserved()
+
+
+def _held_input(array: np.ndarray, device) -> tuple:
+    """A tensor of ``array``'s shape and dtype, and a numpy view of its memory; ``(None, None)``
+    where numpy cannot view it."""
+    import tvm
+
+    try:
+        tensor = tvm.runtime.empty(array.shape, str(array.dtype), device)
+        view = np.from_dlpack(tensor)
+        if view.dtype == array.dtype and view.shape == array.shape:
+            return tensor, view
+    except Exception:  # (a dtype without a DLPack form in numpy)
+        pass
+    return None, None
+
+
+def tvm_tensor(array: np.ndarray, device):
+    """``array`` copied into a new tensor on ``device``."""
+    import tvm
+
+    return tvm.runtime.tensor(array, device)
+
+
+def _data_pointers(value) -> list[int] | None:
+    """The data pointers of the tensors in a VM function's result (tensors, shapes, tuples of
+    them); None when it holds anything else (an object whose references cannot be seen)."""
+    if hasattr(value, "data_ptr"):
+        return [value.data_ptr()]
+    if type(value).__name__ == "Shape" or isinstance(value, (int, float, str)) or value is None:
+        return []
+    if type(value).__name__ in ("Array", "list", "tuple"):
+        pointers = []
+        for item in value:
+            inner = _data_pointers(item)
+            if inner is None:
+                return None
+            pointers += inner
+        return pointers
+    return None
 
 
 def _flatten(value) -> list:
@@ -217,6 +290,9 @@ class DebugExecutor:
         self._hook_of: dict[CapturePlan, HookedVM | None] = {}  # per plan: its hooked VM, or None
         self._hook_allowed = choice == "auto" and hookable(kernel_map)
         self._validated = False  # an instrumented run checked the call sequence
+        self._hook_native = None  # _native_hooks(): None until asked, False when unavailable
+        self._held_inputs: dict[int, tuple] = {}
+        self._alias_check = None  # _aliases(): None until asked, False without the library  # input position → (tensor, numpy view): to_device(reuse=True)
         if self.remote is not None:
             self._native = _NativeExecutor(self._km, library=self.remote.library, sync_device=self._sync_device())
             self._generation = self.remote.generation  # the connection the sessions were opened on
@@ -308,12 +384,22 @@ class DebugExecutor:
             raise TVMRunError(f"no {self._device_kind()} device here ({self._device} does not exist): the model "
                               f"was built for {self._device_kind()}; run it on a machine that has one, or on a "
                               "remote device with remote=...")
-        return relax.VirtualMachine(self._built.executable, self._device)
+        with registry_settled():
+            return relax.VirtualMachine(self._built.executable, self._device)
 
-    def to_device(self, arrays: list[np.ndarray], times: list[float] | None = None):
-        """``arrays`` on the executor's device (``times`` gets the microseconds each took)."""
+    def to_device(self, arrays: list[np.ndarray], times: list[float] | None = None, reuse: bool = False,
+                  arrays_at=None):
+        """``arrays`` on the executor's device (``times`` gets the microseconds each took).
+
+        ``reuse``: on the host, copy them into tensors this executor made once per input
+        position (``tvm.runtime.tensor`` costs ~15 us an array, a copy into memory made once
+        ~0.3 us); a result handed over as it is gives up the tensors it may refer to
+        (:meth:`_give_up_aliased`).  ``arrays_at``: the only positions that may hold numpy arrays.
+        """
         import tvm
 
+        if reuse and self.remote is None and on_host(self._device):
+            return self._into_held_inputs(arrays, times, arrays_at)
         tensors = []
         for a in arrays:
             t0 = time.perf_counter()
@@ -323,6 +409,65 @@ class DebugExecutor:
             tensors.append(self.remote.to_device(a) if self.remote is not None else tvm.runtime.tensor(a, self._device))
             if times is not None:
                 times.append((time.perf_counter() - t0) * 1e6)
+        return tensors
+
+    def _keep_result(self, capture: Capture, result, raw: bool, arrays_at=None) -> None:
+        """The function's result in ``capture``: as it is (``raw``), or copied out as numpy."""
+        if raw:
+            capture.returned = result
+            self._give_up_aliased(result, arrays_at)
+        else:
+            capture.result = self._fetch_outputs(result, capture.output_us)
+
+    def _give_up_aliased(self, result, arrays_at=None) -> None:
+        """A result handed to the caller as it is (``raw``) must not share memory with an input
+        tensor the next run writes into: each held input it may refer to is given up (made
+        anew by the next run).  A result holding an object that cannot be looked into (a KV
+        cache) may refer to any of them.  (``arrays_at``: the positions this run fed from held
+        tensors, when known.)"""
+        held = self._held_inputs
+        if not held or arrays_at is not None and not arrays_at:
+            return
+        used = [(i, slot[0]) for i, slot in held.items() if slot[0] is not None]
+        aliases = self._aliases()
+        if aliases is not None:  # one native call: no Python object made for the result's items
+            bits = int(aliases(result, *(t for _, t in used)))
+            doomed = [i for k, (i, _) in enumerate(used) if bits >> k & 1]
+        else:
+            pointers = _data_pointers(result)
+            doomed = [i for i, t in used if pointers is None or any(
+                t.data_ptr() <= p < t.data_ptr() + max(held[i][1].nbytes, 1) for p in pointers)]
+        for i in doomed:
+            del held[i]
+
+    def _aliases(self):
+        """The native ``aliases`` check, or None without the library."""
+        if self._alias_check is None:
+            try:
+                self._alias_check = native.load().aliases
+            except NativeUnavailable:
+                self._alias_check = False
+        return self._alias_check or None
+
+    def _into_held_inputs(self, arrays: list, times: list[float] | None, arrays_at=None) -> list:
+        if arrays_at is not None and not arrays_at:  # (a decode step fed device tensors: nothing to move)
+            return arrays
+        tensors, held, clock = list(arrays), self._held_inputs, time.perf_counter
+        for i in range(len(arrays)) if arrays_at is None else arrays_at:
+            a = arrays[i]
+            if type(a) is not np.ndarray:
+                continue
+            t0 = clock()
+            tensor, view = held.get(i) or (None, None)
+            if view is None or view.shape != a.shape or view.dtype != a.dtype:
+                tensor, view = held[i] = _held_input(a, self._device)
+            if view is None:  # a dtype numpy cannot view in place (bfloat16...): a new tensor
+                tensor = tvm_tensor(a, self._device)
+            else:
+                np.copyto(view, a, casting="no")
+            tensors[i] = tensor
+            if times is not None:
+                times.append((clock() - t0) * 1e6)
         return tensors
 
     def recomputer(self, groups=()):
@@ -337,21 +482,24 @@ class DebugExecutor:
         return Recomputer(self._built.target, groups)
 
     def run(self, inputs: list[np.ndarray], plan: CapturePlan, sink=None, raw: bool = False,
-            kernel_times: bool | None = None, observer=None) -> Capture:
+            kernel_times: bool | None = None, observer=None, arrays_at=None) -> Capture:
         """Run once; return what ``plan`` asked to copy.
 
-        Through TVM's instrument (every kernel call timed), unless the run needs no more than a
-        few kernels observed and ``kernel_times`` is not True: then through a VM in which only those
-        kernels are wrapped (:mod:`tvm_probe.kernel_hook`; no per-kernel times), which costs a
-        plain run almost nothing.  A probe's first run always uses the instrument: it checks
-        every kernel call against the kernel map.  ``observer``, a user's
+        A probe's first run goes through TVM's instrument: it checks every kernel call against
+        the kernel map (and times each).  Later runs go through a VM whose observed kernels are
+        hooks (:mod:`tvm_probe.kernel_hook`): none with nothing to copy, the wanted kernels'
+        symbols for a selection, every kernel for ``"all"`` or ``kernel_times=True`` (then every
+        call is timed; a selection is not timed).  With the native library the hooks are C++
+        and any capture goes through them; without it a few kernels are wrapped in Python and
+        larger captures use the instrument.  ``observer``, a user's
         :class:`~tvm_probe.instrument.Instrument`, is called around every kernel call (the Python
         instrument runs then).
 
         ``sink(node, outputs)``, when given, receives each copied node's outputs instead of the
         returned Capture (so they can go to disk at once and not accumulate in memory).
         With ``raw``, ``inputs`` may hold anything the VM function takes (arrays are copied to
-        the device, the rest passed as is) and the function's result is kept as it is
+        the device, the rest passed as is; ``arrays_at``, when given, lists the positions that
+        may hold numpy arrays) and the function's result is kept as it is
         (:attr:`Capture.returned`), not copied to numpy.
 
         Raises:
@@ -360,9 +508,13 @@ class DebugExecutor:
             RemoteError: the remote device was lost (a TVMRunError: nothing of the run is kept).
         """
         # (not for a streamed run: a hooked run that fails is run again, and its copies went out)
-        hooked = self._hooked_vm(plan) if not kernel_times and observer is None and sink is None else None
+        hooked = self._hooked_vm(plan, every=bool(kernel_times)) if observer is None and sink is None else None
         if hooked is not None:
-            return self._run_hooked(hooked, inputs, plan, sink, raw)
+            return self._run_hooked(hooked, inputs, plan, raw, arrays_at, timed=plan.outputs is None or bool(kernel_times))
+        return self._run_instrumented(inputs, plan, sink, raw, observer)
+
+    def _run_instrumented(self, inputs: list, plan: CapturePlan, sink, raw: bool, observer) -> Capture:
+        """:meth:`run` through TVM's instrument: every VM call seen, every kernel call timed."""
         self._prepare()
         capture = Capture(inputs=inputs, instrument=self.instrument if observer is None else PYTHON)
         if self._native is not None and observer is None:
@@ -370,17 +522,14 @@ class DebugExecutor:
         else:
             calls = _Calls(self, capture, plan, sink, observer)
         try:
-            device_inputs = self.to_device(inputs, capture.input_us)
+            device_inputs = self.to_device(inputs, capture.input_us, reuse=observer is None)
             with calls:
                 t0 = time.perf_counter()
                 result = self.remote.call(device_inputs) if self.remote is not None else self._main(*device_inputs)
                 if self.sync and self.remote is None:  # (remotely the instrument synced after the last kernel)
                     self._device.sync()
                 capture.total_us = (time.perf_counter() - t0) * 1e6
-            if raw:
-                capture.returned = result
-            else:
-                capture.result = self._fetch_outputs(result, capture.output_us)
+            self._keep_result(capture, result, raw)
             calls.fetch()
         except Exception as err:
             self._raise_failure(err, calls)
@@ -388,14 +537,18 @@ class DebugExecutor:
         self._validated = True
         return capture
 
-    def _hooked_vm(self, plan: CapturePlan):
-        """The VM that observes only the kernels ``plan`` needs, or None: the run needs TVM's
-        instrument (see :meth:`run`)."""
+    def _hooked_vm(self, plan: CapturePlan, every: bool = False):
+        """The VM that observes only the kernels ``plan`` needs (``every``: all kernels, each
+        call timed), or None: the run needs TVM's instrument (see :meth:`run`)."""
         if not self._hook_allowed or not self._validated:
             return None
-        if plan in self._hook_of:
-            return self._hook_of[plan]
-        symbols = symbols_to_hook(self._km, plan) if self.remote is None and on_host(self._device) else None
+        key = (plan, every)
+        if key in self._hook_of:
+            return self._hook_of[key]
+        hooks = self._native_hooks()
+        native = hooks is not None
+        symbols = (symbols_to_hook(self._km, plan, native=native, every=every)
+                   if self.remote is None and on_host(self._device) else None)
         if symbols is not None and symbols not in self._hooked:
             if len(self._hooked) >= _MAX_PLANS:
                 self._hooked.clear()
@@ -403,13 +556,28 @@ class DebugExecutor:
             all_symbols = ({s.symbol for s in self._km.sites if not s.is_view} | set(self._km.helper_symbols)
                            | self._other_kernels())
             try:
-                self._hooked[symbols] = HookedVM(self._built.executable, self._device, all_symbols, symbols, self._km)
+                self._hooked[symbols] = HookedVM(self._built.executable, self._device, all_symbols, symbols,
+                                                 self._km, switch=hooks.switch() if native else None)
             except LookupError as err:  # a kernel the library does not have under its name
                 log.info("runs observing few kernels use the instrument: %s", err)
                 self._hook_allowed = False
                 return None
-        self._hook_of[plan] = self._hooked.get(symbols) if symbols is not None else None
-        return self._hook_of[plan]
+        self._hook_of[key] = self._hooked.get(symbols) if symbols is not None else None
+        return self._hook_of[key]
+
+    def _native_hooks(self) -> "_NativeExecutor | None":
+        """What native hooks report to: the native instrument's executor; for a model it cannot
+        instrument (symbolic shapes), one whose plans hand the wanted outputs to Python as they
+        are produced (no arena: their sizes change from run to run); None without the library."""
+        if self._native is not None:
+            return self._native
+        if self._hook_native is None:
+            try:
+                self._hook_native = _NativeExecutor(self._km, emit_only=True)
+            except NativeUnavailable as err:
+                log.info("kernel hooks in Python: %s", err)
+                self._hook_native = False
+        return self._hook_native or None
 
     def _other_kernels(self) -> set[str]:
         """Kernels of the executable's other functions (a multi-function executable): the VM
@@ -419,27 +587,30 @@ class DebugExecutor:
             return set()
         return {gv.name_hint for gv, f in whole.functions.items() if type(f).__name__ == "PrimFunc"}
 
-    def _run_hooked(self, vm: HookedVM, inputs, plan: CapturePlan, sink, raw: bool) -> Capture:
+    def _run_hooked(self, vm: HookedVM, inputs, plan: CapturePlan, raw: bool, arrays_at=None,
+                    timed: bool = True) -> Capture:
         capture = Capture(inputs=inputs, instrument=HOOK)
-        run = HookedRun(vm, plan, capture, sink)
-        device_inputs = self.to_device(inputs, capture.input_us)
+        run = (_NOTHING_OBSERVED if not vm.hooked else HookedRun(vm, plan, capture) if vm.switch is None
+               else _HookedNativeCalls(self, plan, capture, vm, timed))
+        device_inputs = self.to_device(inputs, capture.input_us, reuse=True, arrays_at=arrays_at)
         try:
-            with run:
-                t0 = time.perf_counter()
-                result = vm[self.function](*device_inputs)
-                capture.total_us = (time.perf_counter() - t0) * 1e6
+            t0 = time.perf_counter()
+            result = run.call(vm[self.function], device_inputs)
+            capture.total_us = (time.perf_counter() - t0) * 1e6
+            run.reraise()
+            self._keep_result(capture, result, raw, arrays_at)
+            run.finish()
         except KeyboardInterrupt:
             raise
-        except Exception:
-            # the hooked VM does not know which kernel failed: the instrument names it
+        except Exception as err:
+            # the hooked VM does not know which kernel failed (or it saw other calls than the
+            # kernel map has): the instrument names the kernel, and checks the calls again
+            log.info("a run through hooked kernels failed (%s): running it through the instrument", err)
             self._hooked.clear()
             self._hook_of.clear()
-            return self.run(inputs, plan, sink, raw, kernel_times=True)
-        if raw:
-            capture.returned = result
-        else:
-            capture.result = self._fetch_outputs(result, capture.output_us)
-        run.finish()
+            if isinstance(err, TVMBehaviourChanged):
+                self._hook_allowed = False
+            return self._run_instrumented(inputs, plan, None, raw, None)
         return capture
 
     def _prepare(self) -> None:
@@ -467,11 +638,11 @@ class DebugExecutor:
     @staticmethod
     def _fetch_outputs(result, times: list[float]) -> list[np.ndarray]:
         """The model outputs as numpy arrays (copied from the device), timing each."""
-        arrays = []
+        arrays, clock = [], time.perf_counter
         for tensor in _flatten(result):
-            t0 = time.perf_counter()
-            arrays.append(tensor.numpy())
-            times.append((time.perf_counter() - t0) * 1e6)
+            t0 = clock()
+            arrays.append(host_array(tensor))
+            times.append((clock() - t0) * 1e6)
         return arrays
 
     def _raise_failure(self, err: Exception, calls) -> None:
@@ -637,7 +808,7 @@ class _Calls:
         if self.plan.wants_output(site.index) or self.observer is not None:
             outs = [ret_value] if site.is_view else args[site.num_inputs: site.num_inputs + site.num_outputs]
             if self.plan.wants_output(site.index):
-                self.store(site.index, [o.numpy() for o in outs])
+                self.store(site.index, [host_array(o) for o in outs])
             if self.observer is not None:
                 self.observer.after_call(self._kernel_call(site, args, list(outs), self.capture.time_us[site.index]))
         return 0
@@ -671,22 +842,30 @@ class _NativeExecutor:
         sync_device: ``(DLPack type, index)`` of a device to sync around every kernel call.
     """
 
-    def __init__(self, km: KernelMap, library=None, sync_device: tuple[int, int] | None = None):
+    def __init__(self, km: KernelMap, library=None, sync_device: tuple[int, int] | None = None,
+                 emit_only: bool = False):
         self._lib = library if library is not None else native.load()
         self._km = km
         self._sync_device = sync_device
+        self.emit_only = emit_only  # wanted outputs always go to Python as produced (symbolic shapes)
         # every output dtype must have a byte-exact numpy form, or no plan could copy it
         self._dtypes = {d: native.numpy_dtype(d) for s in km.sites for d in s.out_dtypes}
         self._plans: dict[tuple[CapturePlan, bool], _NativePlan] = {}
-        self._plan(CapturePlan(), streaming=False)  # fail here, not in the first run
+        self.plan(CapturePlan(), streaming=False)  # fail here, not in the first run
 
     def calls(self, executor: DebugExecutor, plan: CapturePlan, capture: Capture, sink) -> "_NativeCalls":
         # a library that cannot call back (remote) copies into its arena; the sink gets the
         # copies once they are downloaded
         streaming = sink is not None and self._lib.can_call_back
-        return _NativeCalls(executor, self._plan(plan, streaming), capture, sink)
+        return _NativeCalls(executor, self.plan(plan, streaming), capture, sink)
 
-    def _plan(self, plan: CapturePlan, streaming: bool) -> "_NativePlan":
+    def switch(self):
+        """A switch for the native hooks of one VM (:class:`tvm_probe.native.HookSwitch`)."""
+        return self._lib.switch()
+
+    def plan(self, plan: CapturePlan, streaming: bool = False) -> "_NativePlan":
+        """``plan`` as a native session (made once, kept)."""
+        streaming = streaming or self.emit_only
         key = (plan, streaming)
         prepared = self._plans.get(key)
         if prepared is None:
@@ -789,7 +968,7 @@ class _NativeCalls:
     def _on_event(self, kind: int, site: int, *tensors) -> None:
         """Python's part during the run: untracked inputs (0) and streamed outputs (1)."""
         try:
-            arrays = [t.numpy() for t in tensors]
+            arrays = [host_array(t) for t in tensors]
             if kind == 0:
                 self.capture.untracked_inputs[site] = dict(zip(self.prepared.untracked[site], arrays))
             else:
@@ -849,12 +1028,58 @@ class _NativeCalls:
         if self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, copied, prepared.dtypes)
         if stats[UNEXPECTED] or stats[CALLED] < len(durations):
-            missing = [s for s in prepared.sites if s.index not in capture.time_us and not s.is_view]
+            missing = [s for s in prepared.sites if s.index not in capture.time_us and self._expects(s)]
             if stats[UNEXPECTED] or missing:
                 raise _behaviour_changed(prepared.session.unexpected(), missing)
         if self.sink is not None and not prepared.streaming:  # downloaded, now handed over in order
             for site in copied:
                 self.sink(site, capture.outputs[site])
+
+
+    @staticmethod
+    def _expects(site) -> bool:
+        """Whether ``site`` must have been called in a run that completed (views may be elided)."""
+        return not site.is_view
+
+
+class _HookedNativeCalls(_NativeCalls):
+    """One run through a VM whose observed kernels are native hooks (:mod:`tvm_probe.kernel_hook`):
+    the session of the plan is the instrument's, pointed at by the VM's switch instead of
+    installed as TVM's instrument; only the hooked kernels' calls are seen, counted and checked."""
+
+    def __init__(self, executor: DebugExecutor, plan: CapturePlan, capture: Capture, vm: HookedVM, timed: bool):
+        prepared = vm.prepared.get(plan)
+        if prepared is None:
+            prepared = vm.prepared[plan] = executor._native_hooks().plan(plan)
+        # a plan that hands outputs over (symbolic shapes) stores them in the capture as they come
+        super().__init__(executor, prepared, capture, capture.outputs.__setitem__ if prepared.streaming else None)
+        self.vm = vm
+        self.timed = timed  # kernel times kept (everything captured, or asked for)
+
+    def call(self, function, args: list):
+        """``function(*args)`` with the hooks reporting to the plan's session."""
+        prepared = self.prepared
+        self.arena, address = prepared.arena()
+        try:
+            return self.vm.switch.call(prepared.session, address, self._on_event if self._events else None,
+                                       function, args)
+        finally:
+            self.stats = prepared.session.stats.tolist()
+
+    def finish(self) -> None:
+        """The hooked kernels were called as often as the kernel map has call sites for them
+        (checked by count: a pass over every site costs more than a small model's run)."""
+        prepared, capture, stats, sites = self.prepared, self.capture, self.stats, self.vm.hooked_sites
+        if stats[UNEXPECTED] or stats[CALLED] != self.vm.expected_calls:
+            capture.time_us = {i: d for i, d in enumerate(prepared.session.times[1].tolist()) if d == d}
+            missing = [s for s in prepared.sites if s.index not in capture.time_us and s.symbol in self.vm.hooked
+                       and not s.is_view]
+            raise _behaviour_changed(prepared.session.unexpected(), missing)
+        if self.timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
+            capture.timing = sites, prepared.session.times[:, self.vm.hooked_columns]
+        capture.copied_bytes = stats[COPIED_BYTES]
+        if self.arena is not None:
+            capture.outputs = ArenaOutputs(self.arena, prepared.slots, prepared.dtypes)
 
 
 class ArenaOutputs(Mapping):

@@ -111,3 +111,62 @@ def _check_symbolic_dims(specs, arrays) -> None:
             if first[0] != got:
                 raise InputError(f"dimension {want!r} is {first[0]} in input {first[1]!r} but {got} in input "
                                  f"{spec.name!r}: one run takes one size for it")
+
+
+class InputChecker:
+    """:func:`check_inputs` for one model, made once: inputs that are already what the model
+    takes (numpy arrays of its dtype and shape, C-contiguous, ids in range) pass with a few
+    comparisons and one reduction per id input; anything else goes through
+    :func:`check_inputs`, which names the problem.  A run of a sub-millisecond model cannot
+    afford generic checks twice per run."""
+
+    def __init__(self, specs):
+        self.specs = list(specs)
+        self._names = [s.name for s in self.specs]
+        # a symbolic dimension is checked across inputs by check_inputs (the slow path)
+        self._checks = [fast_check(s) for s in self.specs]
+        self._fixed = all(c is not None for c in self._checks)
+
+    def __call__(self, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
+        values = self._listed(inputs) if self._fixed else None
+        if values is not None and all(check(v, allow_nonfinite) for v, check in zip(values, self._checks)):
+            return values
+        return check_inputs(self.specs, inputs, allow_nonfinite)
+
+    def _listed(self, inputs) -> list | None:
+        """``inputs`` in input order when given as a dict of exactly the inputs or a list; else None."""
+        n = len(self._names)
+        if isinstance(inputs, dict) and len(inputs) == n:
+            return [inputs.get(name) for name in self._names]
+        if type(inputs) is list and len(inputs) == n:
+            return list(inputs)  # (the caller's list may change after the run)
+        return None
+
+
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+
+
+def fast_check(spec):
+    """``check(value, allow_nonfinite) -> bool``: True when ``value`` passes every check of
+    :func:`check_input` for ``spec`` as it is (a numpy array of its dtype and static shape,
+    C-contiguous, ids in range, finite unless allowed); False means "ask check_input", which
+    names the problem.  None for a spec with symbolic dimensions (checked across inputs)."""
+    if not all(isinstance(d, int) for d in spec.shape):
+        return None
+    dtype, shape = numpy_dtype(spec.dtype), tuple(spec.shape)
+    if dtype is None:
+        return None
+    floating = dtype.kind == "f"
+    bound = spec.index_bound
+    low = None if bound is None else -bound if getattr(spec, "negative_ids", True) else 0
+
+    def check(value, allow_nonfinite: bool) -> bool:
+        if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+            return False
+        if not value.flags.c_contiguous:
+            return False
+        if low is not None and value.size and (_MIN(value, axis=None) < low or _MAX(value, axis=None) >= bound):
+            return False
+        return allow_nonfinite or not floating or bool(np.isfinite(value).all())
+
+    return check

@@ -1,27 +1,39 @@
-"""A VM of the deployed executable in which only the chosen kernels pass through Python.
+"""A VM of the deployed executable in which only the observed kernels are hooks.
 
 TVM's instrument (``vm.set_instrument``) is called before and after *every* VM instruction,
 builtins included: on a small model that dispatch alone costs a few percent of a run, whatever
-the instrument does.  A run that wants one value, or none, need not pay it.  The VM resolves
-each kernel name once, when it is initialised (``vm_initialization``: the first import that has
-the name, else the global function registry), so a VM whose imports are cleared before that
-takes every kernel from the registry — where, for that moment, the chosen kernels are wrappers
-and all others are the compiled functions themselves.  The registrations are undone right after
-(the registry is process-wide), and the VM keeps what it resolved.  The executable, its kernels
-and their order are those of the deployed module: nothing is rebuilt.
+the instrument does.  A run need not pay it.  The VM resolves each kernel name once, when it is
+initialised (``vm_initialization``: the first import that has the name, else the global function
+registry), so a VM whose imports are cleared before that takes every kernel from the registry —
+where, for that moment, the observed kernels are hooks and all others are the compiled
+functions themselves (a hooked VM builtin, a view or a KV cache's attention, is replaced in the
+registry for that moment too).  The registrations are undone right after (the registry is
+process-wide), and the VM keeps what it resolved.  The executable, its kernels and their order
+are those of the deployed module: nothing is rebuilt.
 
-A wrapper sees the arguments of its kernel (destination-passing style: inputs, then outputs)
-and counts the calls of its symbol, which is how the kernel map numbers call sites.  Only the
-host (CPU) is hooked this way; the debug executor keeps the instrument everywhere else, for
-runs that capture more than a few kernels, and for a probe's first run, which checks the call
-sequence against the kernel map.
+Hooks are native (:class:`tvm_probe.native.HookSwitch`: C++ wrappers doing the native
+instrument's own bookkeeping for the session a run points them at) or, without the native
+library, Python wrappers calling :attr:`HookedVM.observer` (a few kernels only).  A hook sees the
+arguments of its kernel (destination-passing style: inputs, then outputs) and counts the calls
+of its symbol, which is how the kernel map numbers call sites.  Only the host (CPU) is hooked
+this way; the debug executor keeps the instrument everywhere else, and for a probe's first run,
+which checks the call sequence against the kernel map.
 """
 from __future__ import annotations
 
 import threading
 from typing import Callable, Iterable
 
-_REGISTERING = threading.Lock()  # the global registry is process-wide: one VM set up at a time
+import numpy as np
+
+_REGISTERING = threading.RLock()  # the global registry is process-wide: one VM set up at a time
+
+
+def registry_settled():
+    """``with registry_settled():`` — make a VM while no hooked VM is being set up: a VM
+    resolves VM builtins in the global registry, where for that moment a hooked view's builtin
+    is a hook (another thread's VM would keep it)."""
+    return _REGISTERING
 
 
 class HookedVM:
@@ -32,27 +44,44 @@ class HookedVM:
     unobserved.
     """
 
-    def __init__(self, executable, device, symbols: Iterable[str], hooked: Iterable[str], kernel_map):
+    def __init__(self, executable, device, symbols: Iterable[str], hooked: Iterable[str], kernel_map,
+                 switch=None):
         import tvm_ffi
         from tvm.runtime.vm import VirtualMachine
 
         self.hooked = frozenset(hooked)
         self.observer: Callable[[str, tuple, bool], None] = _ignore
+        #: the native hooks' switch (:class:`tvm_probe.native.HookSwitch`), or None: Python wrappers
+        self.switch = switch
         #: the call sites of each hooked symbol, by occurrence
         self.sites_of = {symbol: [s for s in kernel_map.sites if s.symbol == symbol] for symbol in self.hooked}
+        #: the indices of the call sites of hooked kernels (helpers lowering added have none)
+        self.hooked_sites = [s.index for s in kernel_map.sites if s.symbol in self.hooked]
+        self.hooked_columns = np.array(self.hooked_sites, dtype=np.intp)  # (to index the native times)
+        self.prepared: dict = {}  # CapturePlan → its native session (tvm_probe.capture)
+        #: hooked kernel calls a run makes: at the call sites, and of the helpers called a fixed number of times
+        self.expected_calls = len(self.hooked_sites) + sum(
+            n for symbol, n in getattr(kernel_map, "fixed_helpers", {}).items() if symbol in self.hooked)
         self._functions: dict = {}
         runtime = executable.jit()
         module = runtime["vm_load_executable"]()
         library = module.imports[0] if module.imports else None
-        compiled = {s: _compiled(library, s) for s in sorted(set(symbols) - _builtins(symbols))}
-        absent = [s for s, f in compiled.items() if f is None] + sorted(self.hooked - set(compiled))
+        builtins = _builtins(set(symbols) | self.hooked)
+        if builtins & self.hooked and switch is None:
+            raise LookupError(f"VM builtins {sorted(builtins & self.hooked)[:3]} are hooked by native hooks only")
+        compiled = {s: _compiled(library, s) for s in sorted((set(symbols) | self.hooked) - builtins)}
+        # a hooked builtin (a view, the KV cache's attention) is the registry's own function: the
+        # VM resolves builtins there too, so for the moment of set-up it finds the hook instead
+        compiled.update({s: tvm_ffi.get_global_func(s, allow_missing=True) for s in sorted(builtins & self.hooked)})
+        absent = [s for s, f in compiled.items() if f is None]
         if absent:
             raise LookupError(f"kernels {absent[:3]} are not in the executable's library")
+        wrap = self._wrap if switch is None else switch.hook
         with _REGISTERING:
-            previous = {s: tvm_ffi.get_global_func(s, allow_missing=True) for s in compiled}  # (not the builtins)
+            previous = {s: tvm_ffi.get_global_func(s, allow_missing=True) for s in compiled}  # (not other builtins)
             try:
                 for symbol, function in compiled.items():
-                    kernel = self._wrap(symbol, function) if symbol in self.hooked else function
+                    kernel = wrap(symbol, function) if symbol in self.hooked else function
                     tvm_ffi.register_global_func(symbol, kernel, override=True)
                 module.clear_imports()
                 VirtualMachine._setup_device(_Shell(module), device, None)
@@ -92,7 +121,17 @@ def _ignore(*_args) -> None:
 def host_copy(arg):
     """A kernel argument as the cut module takes it again: a tensor copied to numpy, a scalar
     (a symbolic dimension's value, passed by the VM as an int) as it is."""
-    return arg.numpy() if hasattr(arg, "numpy") else arg
+    return host_array(arg) if hasattr(arg, "numpy") else arg
+
+
+def host_array(tensor) -> np.ndarray:
+    """A copy of ``tensor`` in numpy: through DLPack for a host tensor (``Tensor.numpy()``
+    costs ~5 us of Python, ~20 us in the middle of a run, with the caches cold), else as
+    ``numpy()`` copies it (a device, a dtype numpy has no DLPack form for)."""
+    try:
+        return np.from_dlpack(tensor).copy()
+    except Exception:
+        return tensor.numpy()
 
 
 def _builtins(symbols) -> set[str]:
@@ -113,7 +152,7 @@ def _compiled(library, symbol: str):
 # ------------------------------------------------------------------------------ one run
 #: ``Capture.instrument`` of a run through a :class:`HookedVM`.
 HOOK = "kernel hook"
-#: More kernel symbols than this to observe: TVM's instrument (native) costs less overall.
+#: More kernel symbols than this to observe in Python: TVM's instrument (native) costs less overall.
 MAX_HOOKED_SYMBOLS = 4
 
 
@@ -128,16 +167,22 @@ def hookable(kernel_map) -> bool:
         branches is not None and (branches.occurrences or branches.open_symbols))
 
 
-def symbols_to_hook(kernel_map, plan) -> frozenset[str] | None:
+def symbols_to_hook(kernel_map, plan, native: bool = False, every: bool = False) -> frozenset[str] | None:
     """The kernel symbols a run of ``plan`` must observe, or None when the run needs the
-    instrument: every output, a view (a VM builtin, not a kernel), too many kernels.  (Check
+    instrument.  ``every``: all of them (every kernel call timed).  Python wrappers observe few
+    kernels, and no VM builtins (a view, the KV cache's attention); native hooks
+    (:class:`tvm_probe.native.HookSwitch`) any number, builtins included.  (Check
     :func:`hookable` first.)"""
-    if plan.outputs is None:
-        return None
+    if every or plan.outputs is None:
+        if not native:
+            return None
+        return frozenset(s.symbol for s in kernel_map.sites) | frozenset(getattr(kernel_map, "fixed_helpers", ()))
     sites = [kernel_map.sites[i] for i in plan.outputs | plan.untracked_inputs]
+    symbols = frozenset(s.symbol for s in sites)
+    if native:
+        return symbols
     if any(s.is_view or s.symbol.startswith("vm.builtin.") for s in sites):
         return None  # a view or a VM builtin (attention in a KV cache): not a kernel to wrap
-    symbols = frozenset(s.symbol for s in sites)
     return symbols if len(symbols) <= MAX_HOOKED_SYMBOLS else None
 
 
@@ -179,7 +224,15 @@ class HookedRun:
         occurrence = self.seen[symbol] - 1
         if occurrence < len(sites) and self.plan.wants_output(sites[occurrence].index):
             site = sites[occurrence]
-            self.store(site.index, [o.numpy() for o in args[site.num_inputs: site.num_inputs + site.num_outputs]])
+            self.store(site.index, [host_array(o) for o in args[site.num_inputs: site.num_inputs + site.num_outputs]])
+
+    def call(self, function, args: list):
+        """``function(*args)`` observed."""
+        with self:
+            return function(*args)
+
+    def reraise(self) -> None:
+        """(Nothing to raise: an observer's exception reaches the VM's caller as itself.)"""
 
     def finish(self) -> None:
         """The hooked kernels ran as often as the kernel map has call sites for them."""

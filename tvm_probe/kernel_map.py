@@ -14,7 +14,7 @@ Inputs: the importer's Var tags and the compile stage's snapshots (see :mod:`tvm
    pass kept the Var, else by its value number.  The number it ends with is looked up among the
    places.
 
-Invariants (checked by ``tests/test_fuzz_kernel_map.py`` on random graphs and by
+Invariants (checked by ``tests/kernel_map/test_fuzz_kernel_map.py`` on random graphs and by
 :meth:`tvm_probe.Probe.verify` on any model):
 
 * a value is placed only where a kernel computes *the same op on the same values* — equal

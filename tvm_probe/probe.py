@@ -15,11 +15,11 @@ import numpy as np
 from .build import BuiltModel, PipelineLike, compile_with_snapshots
 from .capture import Capture, CapturePlanner, DebugExecutor
 from .errors import NotCapturedError, NotRunError, ProbeError
-from .inputs import check_inputs
+from .inputs import InputChecker
 from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from .recompute import evaluate_folded
-from .calls import CallRecord, as_numpy, call_arguments, captured_bytes, serving
+from .calls import CallArguments, CallRecord, as_numpy, captured_bytes, serving
 from .results import NodeInfo, Results, not_computed
 from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from .sources import Served
@@ -68,6 +68,10 @@ class Probe(Results, Viewable):
         self._serve_run = True  # get() without call=: the last run() (else the last call())
         self._init_results(imported.sources, self._static_nodes())
         self._planner = CapturePlanner(kernel_map, self._names)
+        self._check_inputs = InputChecker(imported.inputs)
+        self._arguments: CallArguments | None = None  # call(): made at the first call
+        self._call_plans: dict = {}  # call(): capture selection → _call_plan()
+        self._timed_by: Capture | None = None  # the capture whose times (and sizes) the nodes show
         self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
 
     # -- construction -------------------------------------------------------------------------
@@ -284,19 +288,22 @@ class Probe(Results, Viewable):
         Returns:
             What ``vm[function](*args)`` returns, as it returns it.
         """
-        from .kv_cache import read_kv
-
-        probe = self._function_probe(function)
-        arrays = call_arguments(probe.imported, args, function)
-        layouts, capture = probe._kv_wanted(capture)
-        plan, wanted = probe._planner.plan(capture)
+        probe = self._functions.get(function) or self._function_probe(function)
+        if probe._arguments is None:
+            probe._arguments = CallArguments(probe.imported, function)
+        arrays = probe._arguments(args)
+        layouts, plan, wanted = probe._call_plan(capture)
         if self._calls and self._calls[-1].function != function:
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
-        result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times)
+        result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times,
+                                     arrays_at=probe._arguments.arrays_at)
         record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
                             time_us=result.total_us, captured_bytes=captured_bytes(result))
-        for layout in layouts:  # what the KV cache holds after this call (it changes with the next)
-            record.kv.update(read_kv(arrays[layout.param], layout))
+        if layouts:  # what the KV caches hold after this call (it changes with the next)
+            from .kv_cache import read_kv
+
+            for layout in layouts:
+                record.kv.update(read_kv(arrays[layout.param], layout))
         self._calls.append(record)
         self._serve_run = False
         return result.returned
@@ -309,6 +316,18 @@ class Probe(Results, Viewable):
 
             self._kv_layouts = cache_layouts(self.imported.mod["main"])
         return self._kv_layouts
+
+    def _call_plan(self, capture: CaptureSpec) -> tuple:
+        """``(KV caches to read after the call, CapturePlan, wanted keys)`` for ``capture``, made
+        once per selection (a decode loop asks for the same one at every step)."""
+        key = capture if capture is None or isinstance(capture, str) else tuple(capture)
+        planned = self._call_plans.get(key)
+        if planned is None:
+            layouts, rest = self._kv_wanted(capture)
+            if len(self._call_plans) >= 64:
+                self._call_plans.clear()
+            planned = self._call_plans[key] = (layouts, *self._planner.plan(rest))
+        return planned
 
     def _kv_wanted(self, capture: CaptureSpec) -> tuple[list, CaptureSpec]:
         """The caches whose K/V a call with ``capture`` reads afterwards, and ``capture`` less
@@ -519,11 +538,11 @@ class Probe(Results, Viewable):
                 need is copied: their kernel outputs, or the inputs of the kernels that keep
                 them inside); or ``None`` for no capture at all.
             kernel_times: time every kernel call (``probe.nodes["time_us"]``).  By default (None)
-                kernels are timed when the run goes through TVM's instrument anyway: the first
-                run of a probe, and runs capturing more than a few kernels; a run capturing
-                nothing or a few kernels observes only those and costs a plain run almost
-                nothing (see :mod:`tvm_probe.kernel_hook`).  True times every call; False
-                never asks for it.
+                every call is timed in a probe's first run (through TVM's instrument, which checks
+                the call sequence) and in runs capturing everything; a run capturing nothing or a
+                selection observes only the selected kernels and times nothing, which costs a
+                plain run almost nothing (see :mod:`tvm_probe.kernel_hook`).  True times every
+                call; False never asks for it.
             instrument: your own :class:`~tvm_probe.instrument.Instrument`, called around
                 every kernel call with its call site and source names.
             stream_to: a dump folder: each copied tensor is written there as soon as the
@@ -540,7 +559,7 @@ class Probe(Results, Viewable):
         """
         if len(self._functions) > 1 or hasattr(self.imported, "param_items"):
             self._check_runnable()
-        arrays = check_inputs(self.imported.inputs, inputs, allow_nonfinite)
+        arrays = self._check_inputs(inputs, allow_nonfinite)
         plan, wanted = self._planner.plan(capture)
         if dump_options and stream_to is None:
             raise TypeError(f"run() got dump options {sorted(dump_options)} without stream_to")
@@ -573,11 +592,29 @@ class Probe(Results, Viewable):
         """Make ``capture`` (which copied what ``wanted`` needs) the run values are served from.
 
         Only a run that completed gets here: a failed one leaves the previous run in place.
+        The nodes take the run's times (and sizes) when they are next read (:attr:`node_infos`):
+        a run of a small model cannot afford a pass over every node.
         """
-        previous, self._capture, self._wanted, self._values = self._capture, capture, wanted, {}
-        n_in, time_us, start_us = self.num_input_nodes, capture.time_us, capture.start_us
-        if time_us or (previous is not None and previous.time_us):  # (an untimed run after another: nothing to do)
-            for node in self.node_infos[n_in:]:
+        self._capture, self._wanted, self._values = capture, wanted, {}
+
+    @property
+    def node_infos(self) -> list[NodeInfo]:
+        """The graph nodes, with the times (and, for symbolic shapes, the sizes) of the run
+        values are served from."""
+        capture = self._capture
+        if capture is not self._timed_by and capture is not None:
+            self._show_run(capture)
+        return self._nodes
+
+    @node_infos.setter
+    def node_infos(self, nodes: list[NodeInfo]) -> None:
+        self._nodes, self._timed_by = nodes, None
+
+    def _show_run(self, capture: Capture) -> None:
+        previous, self._timed_by = self._timed_by, capture
+        n_in, (start_us, time_us) = self.num_input_nodes, capture.kernel_times()
+        if time_us or (previous is not None and previous.kernel_times()[1]):  # (untimed after untimed: nothing to do)
+            for node in self._nodes[n_in:]:
                 node.time_us = time_us.get(node.index - n_in)
                 node.start_us = start_us.get(node.index - n_in)
         if self._symbolic:
@@ -586,10 +623,10 @@ class Probe(Results, Viewable):
     def _record_sizes(self, capture: Capture) -> None:
         """Symbolic dimensions: the nodes take this run's sizes where the run shows them."""
         n_in = self.num_input_nodes
-        for node, array in zip(self.node_infos[:n_in], capture.inputs):
+        for node, array in zip(self._nodes[:n_in], capture.inputs):
             if hasattr(array, "shape"):  # (a call's arguments may be objects: a KV cache, a shape)
                 node.out_shapes = [tuple(int(d) for d in array.shape)]
-        for node in self.node_infos[n_in:]:
+        for node in self._nodes[n_in:]:
             site = node.index - n_in
             outs = capture.outputs[site] if site in capture.outputs else None
             node.out_shapes = ([tuple(a.shape) for a in outs] if outs is not None

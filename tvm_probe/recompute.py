@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from .device import device_for, on_host
-from .errors import ProbeError, TVMBehaviourChanged, one_line
+from .errors import ProbeError, TVMBehaviourChanged, ValueUnavailableError, one_line
 from .kernel_map import CallSite
 from .native_log import native_log_to_logging
 from .relax_analysis import bindings_computing
@@ -105,7 +105,10 @@ class Recomputer:
         """A VM of the cuts' executable, on the target's local device."""
         from tvm import relax
 
-        return relax.VirtualMachine(executable, device_for(self._target))
+        from .kernel_hook import registry_settled
+
+        with registry_settled():  # (this may run on the build thread while the run sets up hooks)
+            return relax.VirtualMachine(executable, device_for(self._target))
 
     def _to_device(self, arrays: list[np.ndarray]) -> list:
         import tvm
@@ -121,11 +124,38 @@ def cut_feed(group, site_inputs: list[np.ndarray]) -> list[np.ndarray]:
         if pos is not None:
             feed.append(site_inputs[pos])
         elif i in group.param_consts:
-            feed.append(group.param_consts[i].value.numpy())
+            feed.append(_constant_argument(group, i, group.param_consts[i]))
         else:  # FuseTIR fed this parameter from something the call site does not pass
             raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
                                       "matches no argument of the compiled call")
     return feed
+
+
+def _constant_argument(group, i: int, expr):
+    """A grouped function's parameter FuseTIR bound to an expression the call does not pass:
+    a constant, or a shape or scalar whose values are known at compile time; a symbolic one
+    (its value lives only in the run that computed it) is a one-line refusal."""
+    import tvm
+
+    value = getattr(expr, "value", None)
+    if hasattr(value, "numpy"):  # a constant
+        return value.numpy()
+    known = _known_ints(getattr(expr, "values", None) if type(expr).__name__ == "ShapeExpr" else None)
+    if known is not None:
+        return tvm.runtime.ShapeTuple(known)
+    if type(expr).__name__ in ("IntImm", "FloatImm"):  # a scalar argument (R.prim_value)
+        return expr.value
+    raise ValueUnavailableError(
+        f"cannot recompute inside kernel {group.name}: its parameter {i} is {one_line(str(expr))}, a "
+        "symbolic value the compiled call computes and does not pass; import with shapes= (static "
+        "shapes) or build with pipeline='default' to read it")
+
+
+def _known_ints(values) -> list[int] | None:
+    """The dimensions of a shape when every one is a number (not a symbolic expression)."""
+    if values is None or not all(type(v).__name__ == "IntImm" for v in values):
+        return None
+    return [int(v.value) for v in values]
 
 
 def wanted_arrays(group, results, wanted) -> dict:

@@ -7,6 +7,8 @@ only is a divergence, whatever the tolerance.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,7 @@ _BY_DTYPE = {
 }
 
 
+@functools.lru_cache(maxsize=64)
 def default_tolerance(dtype) -> Tolerance:
     """The default tolerance for values of ``dtype``: exact for integers and booleans.
 

@@ -8,7 +8,7 @@ that they did.  The rules:
 * a fix applies only to a construct whose plain import **cannot build at all**; a construct TVM
   compiles but computes wrongly is what a user is debugging, and is never rewritten;
 * each rewrite computes exactly what the source op computes (tested against onnxruntime /
-  eager PyTorch on the construct's minimal graph, ``tests/test_fixes.py``);
+  eager PyTorch on the construct's minimal graph, ``tests/importer/test_fixes.py``);
 * each fix used is recorded as an :class:`AppliedFix` (fix name, what it does, the source ops it
   touched) in :attr:`ImportedModel.fixes`, so summaries, reports and dumps can say so;
 * ``import_fixes=False`` turns them off; then the TVM error names the construct and the fix.
@@ -31,6 +31,11 @@ shape_value_as_tensor       ``Gather`` from the ``Shape`` of a tensor whose shap
                             "shape_of expects a tensor input, but received R.Shape(ndim=3)"
 global_pool_unknown_shape   ``GlobalAveragePool`` / ``GlobalMaxPool`` of a tensor whose shape
                             TVM lost (tf2onnx): "object of type 'NoneType' has no len()"
+unsqueeze_shape_value       ``Unsqueeze`` of a 1-element 1-D shape value TVM holds as a scalar
+                            (``cache_position`` of a decoder exported with a dynamic past):
+                            "Unsqueeze axis 1 is out of range for rank 1", or a ``ShapeExpr``
+                            one rank short that the next op refuses: "cannot handle ShapeExpr
+                            inputs"
 ==========================  ===========================================================
 
 PyTorch fix (in the converter map of the ``torch.export`` importer):
@@ -149,12 +154,36 @@ Convert = Callable[[list], Any]
 
 
 @dataclass(frozen=True)
+class OnnxNode:
+    """What the ONNX graph says of the node being converted, where TVM's view of its inputs
+    lost it: the rank ONNX shape inference gives each input (TVM holds a 1-element 1-D shape
+    value as a scalar).
+
+    Attributes:
+        inputs: the node's input tensor names.
+        rank_of: tensor name → its ONNX rank, None when inference cannot tell (called only by
+            the fixes that need it: inference runs on first use).
+    """
+
+    inputs: tuple[str, ...] = ()
+    rank_of: Callable[[str], int | None] = lambda name: None
+
+    def input_rank(self, i: int) -> int | None:
+        """The ONNX rank of input ``i``, or None."""
+        return self.rank_of(self.inputs[i]) if i < len(self.inputs) and self.inputs[i] else None
+
+
+@dataclass(frozen=True)
 class OnnxFix:
-    """An ImportFix for ONNX: the ops it concerns, when it applies, and the rewrite."""
+    """An ImportFix for ONNX: the ops it concerns, when it applies, and the rewrite.
+
+    ``matches(inputs, attrs, node)`` sees TVM's converted inputs, the node's attributes and the
+    :class:`OnnxNode` facts; ``rewrite(bb, inputs, attrs, convert)`` returns the Relax expression.
+    """
 
     fix: ImportFix
     ops: tuple[str, ...]
-    matches: Callable[[list, dict], bool]
+    matches: Callable[[list, dict, OnnxNode], bool]
     rewrite: Callable[[Any, list, dict, Convert], Any]
 
 
@@ -172,7 +201,7 @@ def _lost_shape(expr) -> bool:
     return isinstance(ty, relax.TensorType) and ty.shape is None and ty.ndim >= 0
 
 
-def _empty_constant_shape(inputs, attrs) -> bool:
+def _empty_constant_shape(inputs, attrs, node=None) -> bool:
     """An empty constant shape and a 1-D ``value``: TVM broadcasts the 1-D value to rank 0.
 
     (Without ``value`` TVM broadcasts a 0-d zero, which works: no fix.)
@@ -197,7 +226,7 @@ def _scalar_constant(bb, inputs, attrs, convert):
     return relax.const(value.reshape(-1)[:1].reshape(()), str(value.dtype))
 
 
-def _prim_data(inputs, attrs) -> bool:
+def _prim_data(inputs, attrs, node=None) -> bool:
     """The data is a scalar shape value (a PrimValue), which Relax's reshape refuses."""
     import tvm
 
@@ -205,20 +234,23 @@ def _prim_data(inputs, attrs) -> bool:
     return isinstance(getattr(data, "ty", None), tvm.ir.PrimType) and tvm.ir.is_prim_expr(data)
 
 
-def _reshape_prim_as_tensor(bb, inputs, attrs, convert):
-    """Reshape the scalar as the 1-element tensor ONNX holds (a reshape ignores the input's rank)."""
+def _prim_as_1d_tensor(bb, value):
+    """The 1-element 1-D tensor holding the scalar shape value ``value``, in its dtype."""
     from tvm import relax, tirx
 
-    value = inputs[0]
     dtype = str(value.ty.dtype)
     as_int64 = value if dtype == "int64" else tirx.Cast("int64", value)
     tensor = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([as_int64])))
-    if dtype != "int64":
-        tensor = bb.normalize(relax.op.astype(tensor, dtype))
-    return convert([tensor, *inputs[1:]])
+    return tensor if dtype == "int64" else bb.normalize(relax.op.astype(tensor, dtype))
 
 
-def _infers_on_lost_shape(inputs, attrs) -> bool:
+def _prim_as_tensor_first(bb, inputs, attrs, convert):
+    """Convert the node with the scalar made the 1-element 1-D tensor ONNX holds (Reshape: which
+    ignores the input's rank; Unsqueeze: whose input ONNX gives rank 1)."""
+    return convert([_prim_as_1d_tensor(bb, inputs[0]), *inputs[1:]])
+
+
+def _infers_on_lost_shape(inputs, attrs, node=None) -> bool:
     """The data's dims are lost and the target shape, known at import, has a -1 to infer."""
     from tvm import relax, tirx
 
@@ -242,7 +274,7 @@ def _reshape_after_match_cast(bb, inputs, attrs, convert):
     return convert([named, *inputs[1:]])
 
 
-def _gather_from_shape_value(inputs, attrs) -> bool:
+def _gather_from_shape_value(inputs, attrs, node=None) -> bool:
     """The data is a shape computed at run time (``R.shape_of``), not a ShapeExpr TVM can index."""
     from tvm import relax
 
@@ -257,7 +289,7 @@ def _shape_to_tensor_first(bb, inputs, attrs, convert):
     return convert([bb.normalize(relax.op.shape_to_tensor(inputs[0])), *inputs[1:]])
 
 
-def _global_pool_lost_shape(inputs, attrs) -> bool:
+def _global_pool_lost_shape(inputs, attrs, node=None) -> bool:
     """TVM's converter takes the rank from the dims, which it lost (the rank it still knows)."""
     return _lost_shape(inputs[0])
 
@@ -271,6 +303,13 @@ def _global_pool_by_rank(op: str):
         reduce = relax.op.mean if op == "GlobalAveragePool" else relax.op.max
         return reduce(inputs[0], axis=axes, keepdims=True)
     return rewrite
+
+
+def _scalar_holding_1d_shape_value(inputs, attrs, node=None) -> bool:
+    """The data is a shape value TVM holds as a scalar (a PrimExpr) where ONNX has a 1-element
+    1-D tensor: TVM's Unsqueeze takes it as rank 0, so axis 1 is "out of range", and axis 0
+    gives a ShapeExpr one rank short, which the next op refuses ("cannot handle ShapeExpr")."""
+    return _prim_data(inputs, attrs) and node is not None and node.input_rank(0) == 1
 
 
 CONSTANT_OF_SHAPE_SCALAR = ImportFix(
@@ -295,6 +334,10 @@ GLOBAL_POOL_UNKNOWN_SHAPE = ImportFix(
     "global_pool_unknown_shape", "onnx",
     "global pooling reduces the axes after N, C from the rank TVM still knows",
     "object of type 'NoneType' has no len()")
+UNSQUEEZE_SHAPE_VALUE = ImportFix(
+    "unsqueeze_shape_value", "onnx",
+    "a 1-element 1-D shape value TVM holds as a scalar is made the 1-D tensor ONNX has before Unsqueeze",
+    "Unsqueeze axis 1 is out of range for rank 1 (or, one node later, cannot handle ShapeExpr inputs)")
 BOOL_COMPARE_CONSTANT = ImportFix(
     "bool_compare_constant", "torch",
     "comparing a bool tensor with 0/1/False/True becomes logical_not or the tensor itself",
@@ -302,24 +345,30 @@ BOOL_COMPARE_CONSTANT = ImportFix(
 
 FIXES: dict[str, ImportFix] = {f.name: f for f in (
     CONSTANT_OF_SHAPE_SCALAR, RESHAPE_SCALAR_SHAPE_VALUE, RESHAPE_UNKNOWN_SHAPE, SHAPE_VALUE_AS_TENSOR,
-    GLOBAL_POOL_UNKNOWN_SHAPE, BOOL_COMPARE_CONSTANT)}
+    GLOBAL_POOL_UNKNOWN_SHAPE, UNSQUEEZE_SHAPE_VALUE, BOOL_COMPARE_CONSTANT)}
 
 ONNX_FIXES: tuple[OnnxFix, ...] = (
     OnnxFix(CONSTANT_OF_SHAPE_SCALAR, ("ConstantOfShape",), _empty_constant_shape, _scalar_constant),
-    OnnxFix(RESHAPE_SCALAR_SHAPE_VALUE, ("Reshape",), _prim_data, _reshape_prim_as_tensor),
+    OnnxFix(RESHAPE_SCALAR_SHAPE_VALUE, ("Reshape",), _prim_data, _prim_as_tensor_first),
     OnnxFix(RESHAPE_UNKNOWN_SHAPE, ("Reshape",), _infers_on_lost_shape, _reshape_after_match_cast),
     OnnxFix(SHAPE_VALUE_AS_TENSOR, ("Gather",), _gather_from_shape_value, _shape_to_tensor_first),
     OnnxFix(GLOBAL_POOL_UNKNOWN_SHAPE, ("GlobalAveragePool",), _global_pool_lost_shape,
             _global_pool_by_rank("GlobalAveragePool")),
     OnnxFix(GLOBAL_POOL_UNKNOWN_SHAPE, ("GlobalMaxPool",), _global_pool_lost_shape,
             _global_pool_by_rank("GlobalMaxPool")),
+    OnnxFix(UNSQUEEZE_SHAPE_VALUE, ("Unsqueeze",), _scalar_holding_1d_shape_value, _prim_as_tensor_first),
 )
 
 
-def onnx_fix_for(op_name: str, inputs: list, attrs: dict) -> OnnxFix | None:
-    """The ONNX fix for this node's construct, or None when TVM's converter handles it."""
+def onnx_fix_for(op_name: str, inputs: list, attrs: dict, node: OnnxNode | None = None) -> OnnxFix | None:
+    """The ONNX fix for this node's construct, or None when TVM's converter handles it.
+
+    ``node`` gives what the ONNX graph knows of the node (ranks); without it, fixes that need
+    it do not apply.
+    """
     for candidate in ONNX_FIXES:
-        if op_name in candidate.ops and inputs and inputs[0] is not None and candidate.matches(inputs, attrs):
+        if (op_name in candidate.ops and inputs and inputs[0] is not None
+                and candidate.matches(inputs, attrs, node)):
             return candidate
     return None
 

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -24,9 +25,9 @@ from typing import Any, Mapping, Sequence, Union
 
 from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..sources import Kind, SourceMap, SourceValue
-from .fixes import FixLog, off_hint, onnx_fix_for
+from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
-from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
+from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info
 from .module_paths import module_outputs
 from .onnx_graph import node_inputs
 
@@ -100,7 +101,7 @@ def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = N
     proto = load_onnx(model)
     _check_ops_supported(proto.graph)
     static = _static_graph(proto, dict(shapes or {}))
-    importer = _make_importer(static.shapes if static else dict(shapes or {}), import_fixes)
+    importer = _make_importer(static.shapes if static else dict(shapes or {}), import_fixes, _rank_lookup(proto))
     graph = static.view(proto.graph) if static else _named_dims_view(proto.graph)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the onnx checker's opinions; we report real failures
@@ -112,7 +113,83 @@ def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = N
             raise
         except Exception as err:  # raised outside a converter (e.g. TVM's ShapeExpr check)
             raise _import_failure(importer.current_node, err, _shapes_hint(proto, static)) from None
-    return _collect(proto, mod, importer)
+    imported = _collect(proto, mod, importer)
+    hint = _shapes_hint(proto, static)
+    if hint:  # symbolic dims TVM may have lost on the way: say so here, not as a build failure
+        _check_shapes_kept(proto, imported, hint)
+    return imported
+
+
+def _rank_lookup(proto):
+    """``tensor name → ONNX rank or None``, inferred on the first call (only some fixes ask)."""
+    from .static import inferred_ranks
+
+    ranks: list[dict] = []
+
+    def rank_of(name: str) -> int | None:
+        if not ranks:
+            ranks.append(inferred_ranks(proto))
+        return ranks[0].get(name)
+    return rank_of
+
+
+def _check_shapes_kept(proto, imported: ImportedModel, hint: str) -> None:
+    """Refuse an import in which TVM lost the shape of an op's result, naming the node.
+
+    TVM's LegalizeOps leaves an op whose shapes are unknown as it is, and the build then fails
+    far from the cause ("CodeGenVM cannot emit this Relax operator"); with symbolic input dims
+    this is TVM's importer losing track of them (a decoder's attention mask broadcast against
+    scores of a dynamic past), which pinning the dims with ``shapes=`` avoids.
+
+    Raises:
+        TVMImportError: naming the first ONNX node whose value TVM holds without a shape.
+    """
+    from tvm import relax
+
+    lost = _first_lost_shape(imported.mod["main"], imported.var_keys)
+    if lost is None:
+        return
+    var, call, keys = lost
+    node_of = {o: n for n in proto.graph.node for o in n.output}
+    node = node_of.get(keys[0]) if keys else None
+    where = f" of '{keys[0]}' (node {_node_label(node)}, op {node.op_type})" if node is not None else ""
+    args = " and ".join(_shape_text(a) for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType))
+    raise TVMImportError(
+        f"TVM's ONNX importer lost the shape{where}: R.{call.op.name.removeprefix('relax.')} of {args} gives "
+        f"R.Tensor(ndim={var.ty.ndim}), which TVM 0.27 cannot build{hint}")
+
+
+def _first_lost_shape(func, var_keys: dict):
+    """``(var, call, source keys)`` of the first binding of ``func`` whose op TVM must legalize
+    but whose result has no shape (None when every such result has one).  The keys are those of
+    that binding or, when it is internal to a converter, of the first tagged one with a lost
+    shape after it."""
+    import tvm
+    from tvm import relax
+
+    first = None
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            call, var = binding.value, binding.var
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+                continue
+            if call.op.get_attr("FLegalize") is None or call.op.get_attr("RequiresArgumentShapes") is False:
+                continue  # not legalized, or legalized without shapes
+            if not (isinstance(var.ty, relax.TensorType) and var.ty.shape is None):
+                continue
+            first = first or (var, call)
+            if var in var_keys:
+                return (*first, var_keys[var])
+    return None if first is None else (*first, [])
+
+
+def _shape_text(expr) -> str:
+    """``(1, 4, 1, past + 1)``, or ``R.Tensor(ndim=4)`` without a shape, for a tensor expression."""
+    dims, _ = tensor_info(expr)
+    if dims is None:
+        return f"R.Tensor(ndim={expr.ty.ndim})"
+    text = "(" + ", ".join(_dim_text(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+    return text if len(text) <= 80 else text[:76] + "...)"
 
 
 def _shapes_hint(proto, static) -> str:
@@ -245,11 +322,12 @@ def branch_notes(graph) -> dict[str, str]:
     return notes
 
 
-def _make_importer(shapes, import_fixes: bool = True):
+def _make_importer(shapes, import_fixes: bool = True, rank_of=None):
     """An instance of TVM's ONNX importer that records what each tensor becomes.
 
     It also applies the import fixes (:mod:`.fixes`) where a node's construct needs one, and
-    turns a converter's failure into one line naming the node.
+    turns a converter's failure into one line naming the node.  ``rank_of`` (tensor name →
+    ONNX rank) tells the fixes what TVM's view of a shape value lost.
     """
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, onnx_input
 
@@ -269,6 +347,7 @@ def _make_importer(shapes, import_fixes: bool = True):
             self.current_node = None
             self.fixes = FixLog()    # fixes applied
             self.unfixed = FixLog()  # constructs a fix would rewrite, left alone (fixes off)
+            self.rank_of = rank_of or (lambda name: None)
 
         def _parse_value_proto(self, value_proto):
             # Called once per node just before it is converted: remember which node it is.
@@ -291,7 +370,8 @@ def _make_importer(shapes, import_fixes: bool = True):
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             node = self.current_node
-            fix = onnx_fix_for(op_name, inputs, attrs)
+            facts = OnnxNode(tuple(node.input), self.rank_of) if node is not None and rank_of else None
+            fix = onnx_fix_for(op_name, inputs, attrs, facts)
             try:
                 if fix is not None and import_fixes:
                     self.fixes.add(fix.fix, _source_label(node))
@@ -369,6 +449,13 @@ def _collect(proto, mod, importer) -> ImportedModel:
             value = SourceValue(key=out, node=node.name, op_type=node.op_type, output_index=k,
                                 num_outputs=len(outs), topo_index=topo,
                                 inputs=node_inputs(node), modules=modules.get(out, ()))
+            rank = importer.rank_of(out) if _is_prim(expr) else None
+            if rank:  # a tensor of one element TVM holds as a scalar: the source model's shape, or a note
+                const = const_value(expr)
+                if const is None:
+                    sources.notes[out] = _scalar_rank_note(expr, rank)
+                    continue
+                expr = relax.const(const.reshape((1,) * rank))
             if isinstance(expr, relax.Var):
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = tensor_info(expr)
@@ -377,8 +464,11 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 value.shape, value.dtype = tensor_info(expr)  # never used: the import drops it
             else:
                 const = const_value(expr)
-                if const is None:
-                    continue  # e.g. an empty optional: nothing a user can read
+                if const is None:  # an empty optional, or a shape value of symbolic dims
+                    note = _symbolic_shape_note(expr)
+                    if note:
+                        sources.notes[out] = note
+                    continue
                 value.kind = Kind.CONSTANT
                 value.shape, value.dtype = const.shape, str(const.dtype)
                 constants[out] = const
@@ -392,6 +482,47 @@ def _collect(proto, mod, importer) -> ImportedModel:
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, hash_model=lambda: model_hash(proto),
                          fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied())
+
+
+def _dim_text(dim) -> str:
+    """A dim as users write it: ``past + 1``, not TVMScript's ``past + T.int64(1)``."""
+    text = str(dim if isinstance(dim, (int, str)) else dim_of(dim))
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", text)
+
+
+def _is_prim(expr) -> bool:
+    """A scalar shape value (TIR expression) where ONNX has a tensor."""
+    import tvm
+
+    return tvm.ir.is_prim_expr(expr)
+
+
+def _scalar_rank_note(expr, onnx_rank: int) -> str:
+    """Why a tensor of rank >= 1 that TVM holds as a symbolic scalar shape value is not served.
+
+    TVM keeps a 1-element 1-D shape value (``cache_position = past + arange(1)``) as the scalar
+    ``past``; served, it would come back 0-d where the source model has shape ``(1,)``."""
+    return (f"the source model computes a {onnx_rank}-D tensor here, which TVM holds as the scalar "
+            f"shape value {_dim_text(expr)}: a 0-d value would not be the source value; its consumers' "
+            "values are served")
+
+
+def _symbolic_shape_note(expr) -> str:
+    """Why a shape value TVM computed symbolically at import has no value, or ``""``.
+
+    TVM keeps shape arithmetic on symbolic dims as expressions (``R.shape([1, past + 1])``, a
+    scalar ``past + 1``) that no kernel computes, so there is nothing to capture."""
+    import tvm
+    from tvm import relax
+
+    if isinstance(expr, relax.ShapeExpr):
+        text = "[" + ", ".join(_dim_text(v) for v in expr.values) + "]"
+    elif tvm.ir.is_prim_expr(expr):
+        text = _dim_text(expr)
+    else:
+        return ""
+    return (f"TVM computes this shape value at import, as the symbolic expression {text}, and no "
+            "kernel computes it at run time; import with shapes= to have it folded to a constant")
 
 
 def _index_bound(graph, name: str, initializers: dict) -> tuple[int | None, str]:

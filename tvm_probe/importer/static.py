@@ -281,6 +281,36 @@ def _inferred_shapes(proto, inputs: dict[str, tuple[int, ...]], nodes) -> dict[s
     intermediate and output shapes are dropped (exporters write symbolic ones), and the pinned
     input shapes replace the declared ones.
     """
+    shapes = {name: tuple(shape) for name, shape in inputs.items()}
+    for vi in _infer(proto, {n: list(s) for n, s in inputs.items()}, nodes):
+        dims = declared_dims(vi)
+        if dims is not None and all(isinstance(d, int) for d in dims) and vi.name not in shapes:
+            shapes[vi.name] = tuple(dims)
+    return shapes
+
+
+def inferred_ranks(proto) -> dict[str, int]:
+    """The rank of every tensor of ``proto`` that ONNX shape inference can tell, with the inputs
+    as declared (symbolic dims stay symbolic: a rank needs no sizes).
+
+    TVM's importer holds shape values as scalars or ``ShapeExpr``\\ s, which lose the rank ONNX
+    gives them (a 1-element 1-D tensor becomes a scalar); the import fixes read it from here.
+    """
+    graph = proto.graph
+    weights = {t.name for t in graph.initializer}
+    declared = {vi.name: declared_dims(vi) for vi in graph.input if vi.name not in weights}
+    ranks = {name: len(dims) for name, dims in declared.items() if dims is not None}
+    for vi in _infer(proto, declared, list(graph.node)):
+        dims = declared_dims(vi)
+        if dims is not None:
+            ranks.setdefault(vi.name, len(dims))
+    return ranks
+
+
+def _infer(proto, inputs: dict[str, list | None], nodes) -> list:
+    """The value infos ONNX shape inference finds for ``nodes`` with the graph inputs typed
+    ``inputs`` (dims: ints, dimension names or None; None for no shape), on a light copy (see
+    :func:`_inferred_shapes`); none where inference fails."""
     from onnx import helper, shape_inference
 
     graph = proto.graph
@@ -289,7 +319,7 @@ def _inferred_shapes(proto, inputs: dict[str, tuple[int, ...]], nodes) -> dict[s
     for vi in graph.input:
         if vi.name in inputs:
             elem = vi.type.tensor_type.elem_type
-            light.input.append(helper.make_tensor_value_info(vi.name, elem, list(inputs[vi.name])))
+            light.input.append(helper.make_tensor_value_info(vi.name, elem, inputs[vi.name]))
     for tensor in graph.initializer:
         if _numel(tensor.dims) <= _SMALL_INITIALIZER:
             light.initializer.append(tensor)
@@ -301,15 +331,10 @@ def _inferred_shapes(proto, inputs: dict[str, tuple[int, ...]], nodes) -> dict[s
     model.functions.extend(proto.functions)
     try:
         inferred = shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as err:  # inference is a help, not a requirement: fold what is known
-        log.info("ONNX shape inference failed (%s); folding only what the inputs tell", err)
-        inferred = model
-    shapes = {name: tuple(shape) for name, shape in inputs.items()}
-    for vi in (*inferred.graph.value_info, *inferred.graph.output):
-        dims = declared_dims(vi)
-        if dims is not None and all(isinstance(d, int) for d in dims) and vi.name not in shapes:
-            shapes[vi.name] = tuple(dims)
-    return shapes
+    except Exception as err:  # inference is a help, not a requirement: use what is known
+        log.info("ONNX shape inference failed (%s); using only what the inputs tell", err)
+        return []
+    return [*inferred.graph.value_info, *inferred.graph.output]
 
 
 def _numel(dims) -> int:

@@ -10,7 +10,7 @@ TVM's TFLite frontend (``tvm.relax.frontend.tflite``) keeps an ``ExprTable`` of 
 Relax expression`` while converting, and takes its operator converter as an argument.  We pass
 a subclass that only (a) wraps every op converter so that a failure names the op and its
 output tensor, and (b) keeps the table.  The ops are therefore exactly those of a plain import
-(``tests/test_tflite.py`` checks structural equality).  Like the ONNX frontend, converters
+(``tests/models/test_tflite.py`` checks structural equality).  Like the ONNX frontend, converters
 return unbound Calls that normalisation binds where first used, so tags go through the
 binding table (see :func:`tvm_probe.importer.relax_values.binding_of_value`).
 

@@ -113,7 +113,7 @@ def export_program(module, example_inputs, dynamic_shapes=None):
 
     ``from_exported_program`` decomposes before converting, and decomposition renames nodes, so
     the importer and the eager reference both read this program.  Export is deterministic:
-    the same module and inputs give the same node names (``tests/test_torch.py`` checks it).
+    the same module and inputs give the same node names (``tests/models/test_torch.py`` checks it).
     """
     torch = require_torch()
     if not isinstance(module, torch.nn.Module):

@@ -143,6 +143,14 @@ class NativeLibrary:
                      "kept", "close"):
             setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
         self.noop = tvm_ffi.get_global_func(prefix + "noop")  # an instrument that does nothing
+        for name in ("hook_switch", "hook", "switch_to", "close_switch", "hooked_call"):
+            setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
+        #: ``aliases(result, *tensors) -> int``: bit i set when ``result`` may refer to tensor i's memory
+        self.aliases = tvm_ffi.get_global_func(prefix + "aliases")
+
+    def switch(self) -> "HookSwitch":
+        """A new switch for the kernel hooks of one VM (see :class:`HookSwitch`)."""
+        return HookSwitch(self, int(self._hook_switch()))
 
     def open(self, plan: str) -> "NativeSession":
         """A session for ``plan`` (see :func:`encode_plan`)."""
@@ -223,7 +231,9 @@ def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: floa
                   len(s.outputs)]
         for o in s.outputs:
             t = tvm_ffi.dtype(o.dtype)
-            words += [o.offset, o.nbytes, t.type_code, t.bits, t.lanes, len(o.shape), *o.shape]
+            # (a symbolic dimension, -1, only where nothing is copied: shapes are checked on copies)
+            words += [o.offset, o.nbytes, t.type_code, t.bits, t.lanes, len(o.shape),
+                      *(d if isinstance(d, int) else -1 for d in o.shape)]
     return " ".join(map(str, words))
 
 
@@ -296,4 +306,37 @@ class NativeSession:
         try:
             self.close()
         except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+class HookSwitch:
+    """Which session the native kernel hooks of one VM report to (none between runs).
+
+    :meth:`hook` wraps a compiled kernel: while the switch points at a session
+    (:meth:`to`), each call of the wrapper runs the kernel between the session's own
+    bookkeeping for ``symbol`` (count, time, copy what the plan asks): what the instrument does
+    for that kernel, without TVM's instrument dispatch on every VM instruction.  Pointed at no
+    session, a wrapper just calls its kernel.
+    """
+
+    def __init__(self, library: NativeLibrary, switch_id: int):
+        self._lib, self.id = library, switch_id
+
+    def hook(self, symbol: str, kernel):
+        """``kernel`` (an ``ffi.Function``) reporting its calls as calls of ``symbol``."""
+        return self._lib._hook(self.id, symbol, kernel)
+
+    def to(self, session: "NativeSession | None") -> None:
+        """Point the hooks at ``session`` (None: at none)."""
+        self._lib._switch_to(self.id, 0 if session is None else session.id)
+
+    def call(self, session: "NativeSession", arena_address: int, on_event, function, args):
+        """``function(*args)`` with the hooks pointed at ``session``, begun with ``arena_address``
+        and ``on_event`` (see :meth:`NativeSession.begin`) and ended after, in one native call."""
+        return self._lib._hooked_call(self.id, session.id, arena_address, on_event, function, *args)
+
+    def __del__(self):
+        try:
+            self._lib._close_switch(self.id)  # the hooks keep what they need of it
+        except Exception:  # interpreter shutdown
             pass

@@ -36,6 +36,18 @@
 //                                                         kept because begin got no on_event
 //   tvm_probe.capture.close(session)                      (RPC) forget the session
 //   tvm_probe.capture.noop() -> Function                  an instrument doing nothing (benchmarks)
+//   tvm_probe.capture.hook_switch() -> int               a switch for the hooks of one VM
+//   tvm_probe.capture.hook(switch, symbol, kernel) -> Function   `kernel` reporting as `symbol`
+//                                                         to the session the switch points at
+//   tvm_probe.capture.switch_to(switch, session)          (0: none) before and after a run
+//   tvm_probe.capture.hooked_call(switch, session, arena_address, on_event, function, *args)
+//                                                         begin, switch, call, switch back, end
+//   tvm_probe.capture.aliases(result, *tensors) -> int    bit i: result may refer to tensor i
+//   tvm_probe.capture.close_switch(switch)                forget the switch (its hooks keep it)
+//
+// Hooks instead of an instrument (tvm_probe/kernel_hook.py): a VM made with some kernels
+// replaced by hooks calls the session only around those kernels, with no instrument dispatch
+// on any VM instruction; the bookkeeping (Session::Before / After) is the instrument's own.
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
@@ -365,22 +377,56 @@ class Session {
       if (id == kUnknown && BeforeRun(raw[2])) Unexpected(SymbolName(raw[1]), -1);
       return;
     }
-    const Symbol& symbol = plan_.symbols[id];
     if (BeforeRun(raw[2])) {
-      int occurrence = seen_[id]++;
-      if (occurrence >= symbol.count) {
-        // a view too: views are matched by occurrence, and an extra one means the matching
-        // of the ones before it cannot be trusted
-        Unexpected(SymbolName(raw[1]), occurrence);
-        return;
-      }
-      int index = plan_.occurrences[symbol.first + occurrence];
-      const Site& site = plan_.sites[index];
-      if (site.num_untracked != 0) EmitUntracked(index, site, raw + 4, num_args - 4);
-      if (plan_.sync) Sync();  // what was launched before is not this call's time
-      t_call_ = Clock::now();
+      Before(id, raw + 4, num_args - 4);
+    } else {
+      After(id, args + 3, args + 4, num_args - 4);
+    }
+  }
+
+  /*!
+   * \brief One call of a hooked kernel (see HookSwitch): `kernel(*args)` between the same
+   * bookkeeping the instrument does before and after a call of symbol `id`, so a VM that
+   * wraps only some kernels pays nothing for the others and no instrument dispatch at all.
+   */
+  void Hooked(int id, const ffi::Function& kernel, const ffi::AnyView* args, int32_t num_args,
+              ffi::Any* rv) {
+    if (!running_ || id < 0) {
+      if (running_ && id == kUnknown) Unexpected("(a hooked kernel this plan does not know)", -1);
+      kernel.CallPacked(args, num_args, rv);
       return;
     }
+    Before(id, reinterpret_cast<const TVMFFIAny*>(args), num_args);
+    kernel.CallPacked(args, num_args, rv);
+    ffi::AnyView ret = *rv;  // a view's output is what the builtin returns
+    After(id, &ret, args, num_args);
+  }
+
+  /*! \brief The id of symbol `name` in this plan (kBuiltin / kUnknown when it is no site). */
+  int SymbolId(const std::string& name) const { return Classify(name); }
+
+ private:
+  /*! \brief Before a call of symbol `id` with kernel arguments `args`: count it, hand over
+   * untracked inputs, start its clock. */
+  void Before(int id, const TVMFFIAny* args, int num_args) {
+    const Symbol& symbol = plan_.symbols[id];
+    int occurrence = seen_[id]++;
+    if (occurrence >= symbol.count) {
+      // a view too: views are matched by occurrence, and an extra one means the matching
+      // of the ones before it cannot be trusted
+      Unexpected(plan_.names[id], occurrence);
+      return;
+    }
+    int index = plan_.occurrences[symbol.first + occurrence];
+    const Site& site = plan_.sites[index];
+    if (site.num_untracked != 0) EmitUntracked(index, site, args, num_args);
+    if (plan_.sync) Sync();  // what was launched before is not this call's time
+    t_call_ = Clock::now();
+  }
+
+  /*! \brief After that call (`ret`: what it returned): its time, its outputs copied or emitted. */
+  void After(int id, const ffi::AnyView* ret, const ffi::AnyView* args, int num_args) {
+    const Symbol& symbol = plan_.symbols[id];
     if (plan_.sync && seen_[id] <= symbol.count) Sync();  // the kernel itself, not its launch
     Clock::time_point t_end = Clock::now();
     int occurrence = seen_[id] - 1;
@@ -391,14 +437,14 @@ class Session {
     times_data_[plan_.sites.size() + index] = Micros(t_end - t_call_);
     ++stats_data_[kCalled];
     if (site.action == Action::kCopy) {
-      CopyOutputs(index, site, raw + 3, raw + 4, num_args - 4);
+      CopyOutputs(index, site, reinterpret_cast<const TVMFFIAny*>(ret),
+                  reinterpret_cast<const TVMFFIAny*>(args), num_args);
     } else if (site.action == Action::kEmit) {
-      EmitOutputs(index, site, args + 3, args + 4, num_args - 4);
+      EmitOutputs(index, site, ret, args, num_args);
     }
     if (t_end - last_signal_check_ > signal_period_) CheckSignals(t_end);
   }
 
- private:
   static constexpr int kBuiltin = -1;  // vm.builtin.* that is no call site: nothing to do
   static constexpr int kUnknown = -2;  // a kernel tvm_probe does not know: behaviour changed
 
@@ -624,12 +670,155 @@ class Registry {
   int64_t last_id_ = 0;
 };
 
+/*!
+ * \brief Which session the hooked kernels of one VM report to: none between runs (they then
+ * call their kernel and nothing else).  A VM whose kernels are hooks (tvm_probe/kernel_hook.py)
+ * has one switch; a run points it at the session of its plan, and back at none after.
+ */
+struct HookSwitch {
+  std::shared_ptr<Session> session;
+  std::vector<std::string> symbols;  // of the hooks made on this switch, by hook index
+  std::vector<int> ids;              // their symbol ids in `session`
+  int64_t ids_of = 0;                // the session `ids` were looked up in
+};
+
+/*! \brief Switches by integer id (a VM's hooks outlive any one session). */
+class Switches {
+ public:
+  static Switches* Global() {
+    static Switches* inst = new Switches();
+    return inst;
+  }
+  int64_t Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    switches_[++last_id_] = std::make_shared<HookSwitch>();
+    return last_id_;
+  }
+  std::shared_ptr<HookSwitch> Get(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = switches_.find(id);
+    TVM_FFI_CHECK(it != switches_.end(), ValueError) << "no tvm_probe hook switch " << id;
+    return it->second;
+  }
+  void Close(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    switches_.erase(id);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<int64_t, std::shared_ptr<HookSwitch>> switches_;
+  int64_t last_id_ = 0;
+};
+
+/*! \brief `kernel` wrapped: while switch `switch_id` points at a session, each call goes
+ * through Session::Hooked as a call of `symbol`. */
+ffi::Function MakeHook(int64_t switch_id, const std::string& symbol, ffi::Function kernel) {
+  std::shared_ptr<HookSwitch> sw = Switches::Global()->Get(switch_id);
+  size_t index = sw->symbols.size();
+  sw->symbols.push_back(symbol);
+  sw->ids.push_back(-2);
+  sw->ids_of = 0;  // a new hook: look the ids up again
+  return ffi::Function::FromPacked(
+      [sw, index, kernel](const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
+        Session* session = sw->session.get();
+        if (session == nullptr) {
+          kernel.CallPacked(args, num_args, rv);
+        } else {
+          session->Hooked(sw->ids[index], kernel, args, num_args, rv);
+        }
+      });
+}
+
+/*! \brief Point `sw` at `session` (null: at none). */
+void Point(HookSwitch* sw, std::shared_ptr<Session> session, int64_t session_id) {
+  if (session != nullptr && sw->ids_of != session_id) {  // (after a run of the same plan: known)
+    for (size_t i = 0; i < sw->symbols.size(); ++i) sw->ids[i] = session->SymbolId(sw->symbols[i]);
+    sw->ids_of = session_id;
+  }
+  sw->session = std::move(session);
+}
+
+/*! \brief Point switch `switch_id` at session `session_id` (0: at none). */
+void SwitchTo(int64_t switch_id, int64_t session_id) {
+  std::shared_ptr<HookSwitch> sw = Switches::Global()->Get(switch_id);
+  Point(sw.get(), session_id == 0 ? nullptr : Registry::Global()->Get(session_id), session_id);
+}
+
+/*!
+ * \brief One whole run through hooks, in one call from Python (each call across the FFI costs
+ * about a microsecond, a fifth of what a 100 us decode step can spare):
+ *   hooked_call(switch, session, arena_address, on_event | None, function, *args)
+ * begins the session, points the switch at it, returns `function(*args)`, and points the
+ * switch at none and ends the session whatever happens.
+ */
+void HookedCall(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
+  TVM_FFI_CHECK(num_args >= 5, TypeError) << "hooked_call(switch, session, arena, on_event, function, *args)";
+  std::shared_ptr<HookSwitch> sw = Switches::Global()->Get(args[0].cast<int64_t>());
+  int64_t session_id = args[1].cast<int64_t>();
+  std::shared_ptr<Session> session = Registry::Global()->Get(session_id);
+  ffi::Function function = args[4].cast<ffi::Function>();
+  session->Begin(args[2].cast<int64_t>(), args[3].cast<ffi::Optional<ffi::Function>>());
+  Point(sw.get(), session, session_id);
+  struct Restore {
+    HookSwitch* sw;
+    Session* session;
+    ~Restore() {
+      sw->session.reset();
+      session->End();
+    }
+  } restore{sw.get(), session.get()};
+  function.CallPacked(args + 5, num_args - 5, rv);
+}
+
 ffi::Function MakeInstrument(int64_t id) {
   std::shared_ptr<Session> session = Registry::Global()->Get(id);
   return ffi::Function::FromPacked(
       [session](const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
         session->Call(args, num_args, rv);
       });
+}
+
+/*! \brief Whether `value` may hold memory in [start, end): a tensor in it, or an object
+ * whose references cannot be seen (anything but tensors, shapes, strings, POD and arrays). */
+bool MayRefer(const ffi::AnyView& value, uintptr_t start, uintptr_t end) {
+  int32_t index = value.type_index();
+  if (index < ffi::TypeIndex::kTVMFFIStaticObjectBegin) {
+    return index == ffi::TypeIndex::kTVMFFIDLTensorPtr;  // (a borrowed tensor: be safe)
+  }
+  if (index == ffi::TypeIndex::kTVMFFITensor) {
+    const DLTensor* t = TVMFFITensorGetDLTensorPtr(reinterpret_cast<const TVMFFIAny*>(&value)->v_obj);
+    uintptr_t data = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    return data >= start && data < end;
+  }
+  if (index == ffi::TypeIndex::kTVMFFIShape || index == ffi::TypeIndex::kTVMFFIStr ||
+      index == ffi::TypeIndex::kTVMFFIBytes) {
+    return false;
+  }
+  if (index == ffi::TypeIndex::kTVMFFIArray) {
+    for (const ffi::Any& item : value.cast<ffi::Array<ffi::Any>>()) {
+      if (MayRefer(item, start, end)) return true;
+    }
+    return false;
+  }
+  return true;
+}
+
+/*!
+ * \brief aliases(result, tensor0, tensor1, ...) -> int: bit i set when `result` (what a VM
+ * function returned) may refer to the memory of tensor i: a result handed to the caller must
+ * not share memory the next call writes into (tvm_probe/capture.py, held inputs).
+ */
+void Aliases(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
+  int64_t bits = 0;
+  for (int32_t i = 1; i < num_args && i <= 62; ++i) {
+    const DLTensor* t = AsTensor(*reinterpret_cast<const TVMFFIAny*>(args + i));
+    if (t == nullptr) continue;
+    uintptr_t start = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    uintptr_t end = start + std::max<uintptr_t>(ffi::GetDataSize(*t), 1);
+    if (MayRefer(args[0], start, end)) bits |= int64_t(1) << (i - 1);
+  }
+  *rv = bits;
 }
 
 // Registered when the library is loaded; `override` lets a rebuilt library replace an older one
@@ -668,6 +857,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   def("tvm_probe.capture.noop", Function::FromTyped([]() {
         return Function::FromPacked([](const ffi::AnyView*, int32_t, ffi::Any* rv) { *rv = 0; });
       }));
+  def("tvm_probe.capture.hook_switch", Function::FromTyped([]() { return Switches::Global()->Open(); }));
+  def("tvm_probe.capture.hook", Function::FromTyped(MakeHook));
+  def("tvm_probe.capture.switch_to", Function::FromTyped(SwitchTo));
+  def("tvm_probe.capture.hooked_call", Function::FromPacked(HookedCall));
+  def("tvm_probe.capture.aliases", Function::FromPacked(Aliases));
+  def("tvm_probe.capture.close_switch",
+      Function::FromTyped([](int64_t id) { Switches::Global()->Close(id); }));
   def("tvm_probe.capture.close",
       Function::FromTyped([](int64_t id) { Registry::Global()->Close(id); }));
 }

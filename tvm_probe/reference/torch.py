@@ -4,7 +4,7 @@ The reference must be keyed exactly like :func:`tvm_probe.importer.torch.import_
 build the program with the same :func:`~tvm_probe.importer.torch.export_program` (export, then
 the decompositions TVM's importer runs) and name values with the same
 :func:`~tvm_probe.importer.torch.node_keys`.  Export is deterministic, so exporting the same
-module and inputs again gives the same node names (``tests/test_torch.py`` checks this); pass
+module and inputs again gives the same node names (``tests/models/test_torch.py`` checks this); pass
 ``program=`` to interpret an already exported program instead.
 
 The program's graph is run node by node in eager PyTorch with a ``torch.fx.Interpreter`` fed the

@@ -1,0 +1,149 @@
+"""The CLI end to end on the demo config: exit 0 (all within tolerance), 1 (divergence), 2 (bad input)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from support.processes import run_cli
+from onnx import numpy_helper
+
+from tvm_probe import demo, load_dump
+from tvm_probe.cli import main
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+TAMPERED = "tf_bert_for_sequence_classification/bert/encoder/layer_._1/attention/self/query/kernel:0"
+
+
+cli = run_cli
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """`tvm-probe run configs/demo.yaml` as the README runs it, into a temporary folder."""
+    out = tmp_path_factory.mktemp("demo")
+    proc = cli("run", CONFIGS / "demo.yaml", "--set", f"output.dump={out / 'dump'}",
+               "--set", f"output.report={out / 'report'}")
+    return proc, out
+
+
+def test_demo_config_passes_and_writes_dump_and_report(demo_run):
+    proc, out = demo_run
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "all 126 compared values within tolerance; default tolerance by dtype "
+        "(float32 atol 0.0001, rtol 0.001, int64 exact)")
+    assert "Traceback" not in proc.stderr
+    reader = load_dump(out / "dump")
+    assert reader.metadata["model"] == {"demo": {"preset": "tiny"}}
+    assert (out / "report" / "report.html").is_file() and (out / "report" / "nodes.csv").is_file()
+
+
+def test_ls_get_compare_report_graph_on_the_dump(demo_run, tmp_path):
+    _, out = demo_run
+    dump = out / "dump"
+    ls = cli("ls", dump, "*/attention/self/Softmax")
+    assert ls.returncode == 0 and ls.stdout.count("Softmax:0") == 2
+    saved = tmp_path / "x.npy"
+    get = cli("get", dump, "layer_._0/attention/self/MatMul", "-o", saved)
+    assert get.returncode == 0, get.stderr
+    np.testing.assert_array_equal(np.load(saved), load_dump(dump).get("layer_._0/attention/self/MatMul"))
+    compare = cli("compare", dump)
+    assert compare.returncode == 0, compare.stderr
+    assert "within tolerance" in compare.stdout
+    report = cli("report", dump, "-o", tmp_path / "rep")
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "rep" / "report.html").is_file()
+    graph = cli("graph", dump, "-o", tmp_path / "g.dot")
+    assert graph.returncode == 0 and (tmp_path / "g.dot").read_text().lstrip().startswith("digraph")
+    bad = cli("graph", dump, "-o", tmp_path / "g.png")
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "tvm-probe: error: cannot write a graph as .png: use a .dot or .svg file name")
+
+
+def test_tampered_reference_weight_exits_1_and_names_the_first_divergent_op(tmp_path, capsys):
+    model = demo.tiny_bert()
+    onnx.save(model, tmp_path / "model.onnx")
+    for init in model.graph.initializer:
+        if init.name == TAMPERED:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    onnx.save(model, tmp_path / "tampered.onnx")
+    np.savez(tmp_path / "inputs.npz", **demo.demo_inputs(model))
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {onnx: model.onnx}\npipeline: fused\n"
+                      "inputs: {input_ids: {file: inputs.npz}, attention_mask: {file: inputs.npz}}\n"
+                      "reference: {runtime: onnxruntime, model: tampered.onnx}\noutput: {report: rep}\n")
+    code = main(["--quiet", "run", str(config)])
+    out = capsys.readouterr().out
+    assert code == 1
+    verdict = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"FAIL: \d+ of 126 compared values out of tolerance; first divergent op: "
+                        r"tf_bert_for_sequence_classification/bert/encoder/layer_\._1/attention/self/query/MatMul "
+                        r"\(max abs error \d[\d.e+-]*\); default tolerance by dtype \(.*\)", verdict), verdict
+
+
+@pytest.mark.parametrize("config_text, fragment", [
+    ("model: {demo: {}}\npipeline: nope\n", ":2: pipeline: must be one of default, fused, got 'nope'"),
+    ("model: {onnx: nowhere.onnx}\n", ":1: model.onnx: file"),
+    ("model: {demo: {}}\ncapture: ['*/NoSuchOp']\noutput: {}\nreference: none\n",
+     "capture: pattern '*/NoSuchOp' matches no source value"),
+    ("model: {demo: {}}\ninputs:\n  image: {random: {seed: 0}}\nreference: none\n",
+     "inputs.image: the model has no such input; its inputs are input_ids, attention_mask"),
+])
+def test_bad_configs_exit_2_with_one_line(tmp_path, config_text, fragment):
+    config = tmp_path / "bad.yaml"
+    config.write_text(config_text)
+    proc = cli("run", config)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tvm-probe: error: ") and fragment in lines[0], proc.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
+    proc = cli("frobnicate")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert cli("--help").stdout.count("tvm-probe run CONFIG") == 1
+
+
+def test_split_config_writes_the_plan_and_verifies_the_chain(tmp_path):
+    proc = cli("split", CONFIGS / "split-demo.yaml", "--set", f"output.report={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "chained stages match the whole model" in proc.stdout
+    import pandas as pd
+
+    plan = pd.read_csv(tmp_path / "split_plan.csv")
+    assert "tf_bert_for_sequence_classification/bert/Mul:0" in set(plan["tensor"])
+    missing = cli("split", CONFIGS / "demo.yaml")
+    assert missing.returncode == 2 and "split: missing" in missing.stderr
+
+
+def test_compare_refuses_a_different_model(demo_run, tmp_path):
+    _, out = demo_run
+    other = tmp_path / "other.onnx"
+    onnx.save(demo.tiny_bert(seed=1), other)
+    proc = cli("compare", out / "dump", "--model", other)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("tvm-probe: error: the model differs from the one the dump was made with "
+                                   "(hash mismatch): give the original with --model PATH")
+
+
+def test_split_balance_proposes_and_verifies(tmp_path):
+    proc = cli("split", CONFIGS / "split-demo.yaml", "--set", "split={balance: 1}",
+               "--set", f"output.report={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "proposed cuts after tf_bert_for_sequence_classification/bert/encoder/layer_._" in proc.stdout
+    assert "chained stages match the whole model" in proc.stdout
+
+
+def test_global_options_work_after_the_command_too(demo_run):
+    _, out = demo_run
+    proc = cli("ls", out / "dump", "*/self/Softmax", "-q")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_ls_matches_every_name_of_a_value(demo_run):
+    _, out = demo_run
+    by_tensor = cli("ls", out / "dump", "*Softmax:0")  # a tensor name, not the node name
+    assert by_tensor.returncode == 0 and by_tensor.stdout.count("Softmax:0") == 2

@@ -1,0 +1,453 @@
+"""``tvm-probe view``: Model Explorer on a real divergent run, checked in a real headless Chromium;
+the ``--export`` files read back with Model Explorer's own readers; the report's graph drawn
+without Graphviz.
+
+The divergent run is a real TVM 0.27 bug (``tests/support/tvm_bugs.py``: Relu drops NaN), compiled by TVM
+and compared with onnxruntime; the node expected to be first divergent comes from the bug list,
+not from tvm_probe's output.  The browser is Debian's ``chromium`` driven through its DevTools
+protocol (a websocket); a screenshot of each page is saved under ``build/test-artifacts/`` (or
+``$TVM_PROBE_ARTIFACTS``).  The browser tests skip, saying why, only where chromium is missing.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from support import SUPPORT
+from support.tvm_bugs import BUGS
+
+from tvm_probe import Probe, load_dump
+from tvm_probe.cli import main
+
+me = pytest.importorskip("model_explorer", reason='the view extra is not installed: pip install "tvm_probe[view]"')
+
+BUG = BUGS["relu_nan"]
+DIVERGENT = BUG.nodes[0]          # "bug/relu": where TVM's arithmetic goes wrong
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                                    "(apt-get install chromium; .ci/run does)")
+ARTIFACTS = Path(os.environ.get("TVM_PROBE_ARTIFACTS", Path(__file__).parents[2] / "build" / "test-artifacts"))
+
+
+@pytest.fixture(scope="module")
+def bug_dump(tmp_path_factory):
+    """A dump of the Relu-NaN bug model that records its ONNX file (as ``tvm-probe run`` does)."""
+    folder = tmp_path_factory.mktemp("view")
+    model, inputs = BUG.build()
+    path = folder / "relu_nan.onnx"
+    onnx.save(model, str(path))
+    probe = Probe.from_onnx(str(path), pipeline="fused")
+    probe.run(inputs)
+    return probe.dump(folder / "dump", metadata={"model": {"onnx": str(path), "shapes": {}}})
+
+
+@pytest.fixture(scope="module")
+def exported(bug_dump, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "view"
+    assert main(["-q", "view", str(bug_dump), "--export", str(out)]) == 0
+    return out
+
+
+def _read(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------ export
+def test_export_files_load_with_model_explorers_readers(exported):
+    from dacite import Config, from_dict
+    from model_explorer.graph_builder import Graph, GraphCollection
+    from model_explorer.node_data_builder import GraphNodeData
+
+    strict = Config(strict=True)  # an unknown key is an error, not silently dropped
+    index = _read(exported / "view.json")
+    collection = from_dict(GraphCollection, _read(exported / "kernels.json"), strict)
+    (graph,) = [from_dict(Graph, g, strict) if isinstance(g, dict) else g for g in collection.graphs]
+    # Model Explorer's web app shows string values too (served, kernel, verdict), which its Python
+    # dataclass types as numbers only: those overlays are read with every check but the value's type.
+    textual = Config(strict=True, check_types=False)
+    for name, path in [*index["source_overlays"].items(), *index["kernel_overlays"].items()]:
+        (per_graph,) = _read(Path(path)).values()
+        numeric = name in ("error", "cosine", "time (us)")
+        data = from_dict(GraphNodeData, per_graph, strict if numeric else textual)
+        assert data.results and data.name == f"tvm_probe {name}"
+        assert all(isinstance(r.value, (int, float) if numeric else str) for r in data.results.values())
+    # the kernel holding the divergent Relu is a group, and it holds the Relu
+    relu = next(n for n in graph.nodes if n.id == f"{DIVERGENT}:0")
+    assert relu.label == BUG.op and relu.namespace.startswith("fused_") and "relu" in relu.namespace
+    assert any(c.namespaceRegex == f"^{re.escape(relu.namespace)}$" for c in graph.groupNodeConfigs)
+    ids = {n.id for n in graph.nodes}
+    assert all(e.sourceNodeId in ids for n in graph.nodes for e in n.incomingEdges)
+
+
+def test_source_overlays_name_the_divergent_node_as_model_explorer_names_it(exported):
+    from model_explorer_onnx.main import ONNXAdapter
+
+    index = _read(exported / "view.json")
+    (graph,) = ONNXAdapter().convert(index["source_model"], {})["graphs"][:1]
+    node_ids = {n.id for n in graph.nodes}
+    verdict = _read(Path(index["source_overlays"]["verdict"]))[graph.id]["results"]
+    assert set(verdict) <= node_ids
+    assert index["first_divergent_node"] == DIVERGENT
+    assert verdict[DIVERGENT]["value"].startswith("first divergent: ") and "NaN" in verdict[DIVERGENT]["value"]
+    assert verdict["pre/sqrt"]["value"] == "passed"  # before the bug, TVM and onnxruntime agree
+    error = _read(Path(index["source_overlays"]["error"]))[graph.id]
+    assert error["thresholds"][0]["value"] == 1e-4  # the float32 default atol of the verdict
+    assert error["results"][DIVERGENT]["bgColor"] == "#e53935"  # out of tolerance, whatever its number
+    served = _read(Path(index["source_overlays"]["served"]))[graph.id]["results"]
+    assert served[DIVERGENT]["value"] == "recomputed"  # fused inside the kernel: recomputed from its inputs
+    kernel = _read(Path(index["source_overlays"]["kernel"]))[graph.id]["results"]
+    assert "relu" in kernel[DIVERGENT]["value"] and "(node 1)" in kernel[DIVERGENT]["value"]
+
+
+def test_a_tflite_model_gets_its_overlays_on_model_explorers_tflite_graph(tmp_path):
+    """TFLite: Model Explorer's built-in adapter names nodes its own way; every run-time value of
+    the model still lands on the node whose output tensor it is."""
+    pytest.importorskip("tflite")
+    from model_explorer.builtin_tflite_flatbuffer_adapter import (
+        BuiltinTfliteFlatbufferAdapter,
+    )
+
+    from tvm_probe.compare import compare
+    from tvm_probe.reference.tflite import tflite_values
+    from tvm_probe.view import export
+
+    model = SUPPORT / "tflite_models" / "cnn.tflite"
+    probe = Probe.from_tflite(str(model), pipeline="fused")
+    spec = probe.inputs[0]
+    inputs = {spec.name: np.random.default_rng(0).standard_normal(spec.shape).astype(spec.dtype)}
+    probe.run(inputs)
+    comparison = compare(probe, tflite_values(str(model), inputs))
+    files = export(probe, tmp_path / "view", comparison, model=model)
+    (graph,) = BuiltinTfliteFlatbufferAdapter().convert(str(model), {})["graphCollections"][0].graphs[:1]
+    tensor_of = {n["id"]: {a["value"] for m in n.get("outputsMetadata", []) for a in m["attrs"]
+                           if a["key"] == "tensor_name"} for n in graph["nodes"]}
+    verdict = _read(files.source_overlays["verdict"])[graph["id"]]["results"]
+    shown = {k for node_id in verdict for k in tensor_of[node_id]}
+    values = {v.key for v in probe.sources_map if v.kind.value == "value"}
+    assert values <= shown and {c.key for c in comparison.values} <= values
+    assert {r["value"] for r in verdict.values()} >= {"passed"}
+
+
+def test_export_refuses_a_folder_in_use_and_a_dump_without_its_model(bug_dump, exported, tmp_path, capsys):
+    assert main(["-q", "view", str(bug_dump), "--export", str(exported)]) == 2
+    assert "exists and is not empty: choose another folder or pass --overwrite" in capsys.readouterr().err
+    bare = Probe.from_onnx(BUG.build()[0], pipeline="fused")
+    bare.run(BUG.build()[1])
+    bare.dump(tmp_path / "bare")
+    assert main(["-q", "view", str(tmp_path / "bare"), "--export", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "tvm-probe: error: this dump does not record its model: give it with --model PATH"
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_the_extra_one_line_says_what_to_install(bug_dump, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "model_explorer", None)  # as if not installed
+    assert main(["-q", "view", str(bug_dump), "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'pip install "tvm_probe[view]"' in err
+
+
+def test_a_port_in_use_is_a_one_line_error(bug_dump, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["-q", "view", str(bug_dump), "--no-browser", "--port", str(port)]) == 2
+    assert capsys.readouterr().err.strip() == f"tvm-probe: error: port {port} is in use: choose another with --port"
+
+
+# ------------------------------------------------------------------------------ a real browser
+class Chromium:
+    """Headless Debian chromium driven through the DevTools protocol (one page)."""
+
+    def __init__(self, url: str, size=(1400, 900)):
+        import websocket
+
+        self.profile = tempfile.mkdtemp(prefix="tvm_probe_chromium_")
+        port = _free_port()
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
+             f"--window-size={size[0]},{size[1]}", url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        page = _wait(lambda: next((p for p in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+                                   if p["type"] == "page"), None), 30, "chromium's DevTools endpoint")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True, timeout=60)
+        self.n = 0
+
+    def call(self, method: str, **params):
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.n:
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    def evaluate(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, *patterns: str, timeout: float = 60) -> str:
+        """The page's text once every regular expression (case-insensitive) matches in it: the
+        page keeps rendering after it loads, so a single reading could come too early."""
+        def ready():
+            text = self.evaluate("document.body ? document.body.innerText : ''") or ""
+            return text if all(re.search(p, text, re.I) for p in patterns) else None
+        return _wait(ready, timeout, f"the page to show {patterns}")
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / name
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self):
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(probe, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            got = probe()
+        except OSError:
+            got = None
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def server(bug_dump):
+    """``tvm-probe view DUMP --no-browser`` on a free port, as a user starts it; its page address."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.cli", "-q", "view", str(bug_dump), "--no-browser",
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        for line in proc.stdout:  # the address comes first, then Model Explorer's own banner
+            if line.startswith("tvm-probe view: "):
+                url = line.split(": ", 1)[1].strip()
+                break
+        assert url and f":{port}/" in url, "tvm-probe view printed no address"
+        _wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
+              60, "Model Explorer's server")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_divergent_nodes_overlay_is_on_the_rendered_page(server):
+    browser = Chromium(server)
+    try:
+        # the address selects the first divergent node: its info panel lists every overlay
+        text = browser.wait_for(r"node data providers", r"\bid\s+" + re.escape(DIVERGENT) + r"\s",
+                                r"tvm_probe verdict\s+first divergent: TVM gives 0 where the reference has NaN",
+                                r"tvm_probe served\s+recomputed", r"tvm_probe kernel\s+fused_\w*relu\w*#0 \(node 1\)",
+                                r"tvm_probe error\s+0\s", r"tvm_probe cosine\s+1\s")
+        shot = browser.screenshot("view-source.png")
+    finally:
+        browser.close()
+    assert "tvm_probe time (us)" in text
+    width, height = _png_size(shot)  # the viewport: the window less its frame
+    assert width == 1400 and height > 600 and shot.stat().st_size > 20_000
+
+
+@pytest.mark.slow
+def _on_the_kernel_graph(url: str) -> str:
+    """``url`` of a Model Explorer page, opened on the kernel graph with the divergent op selected."""
+    from urllib.parse import quote, unquote
+
+    base, data = url.split("?data=")
+    state = json.loads(unquote(data))
+    state["uiState"] = {"paneStates": [{"deepestExpandedGroupNodeIds": [], "selectedNodeId": f"{DIVERGENT}:0",
+                                        "selectedGraphId": "tvm kernels", "selectedCollectionLabel": "TVM kernels",
+                                        "widthFraction": 1, "selected": True}]}
+    return f"{base}?data={quote(json.dumps(state))}"
+
+
+@needs_chromium
+def test_the_kernel_graph_groups_the_divergent_op_in_its_kernel(server):
+
+    browser = Chromium(_on_the_kernel_graph(server))
+    try:
+        browser.wait_for(r"TVM kernels", r"\bid\s+" + re.escape(DIVERGENT) + r":0\s",
+                         r"namespace\s+fused_\w*relu\w*#0",  # the op sits in its kernel's group
+                         r"tvm_probe verdict\s+first divergent: ", r"tvm_probe served\s+recomputed")
+        browser.screenshot("view-kernels.png")
+    finally:
+        browser.close()
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_exported_kernel_graph_loads_in_model_explorers_own_server(exported):
+    """The command ``view.json`` gives, run as printed: Model Explorer's CLI and JSON reader."""
+
+    command = _read(exported / "view.json")["commands"][-1].split()
+    assert command[0] == "model-explorer" and command[1].endswith("kernels.json")
+    port = _free_port()
+    proc = subprocess.Popen([shutil.which("model-explorer"), *command[1:], "--no_open_in_browser", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        url = next(line.strip() for line in proc.stdout if line.startswith(f"http://localhost:{port}/?data="))
+        browser = Chromium(_on_the_kernel_graph(url))
+        try:
+            browser.wait_for(r"namespace\s+fused_\w*relu\w*#0", r"tvm_probe verdict\s+first divergent: ")
+        finally:
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
+    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                                if not (Path(p) / "dot").exists()))
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "compare", str(bug_dump), "-o", str(out)],
+                         env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 1 and (out / "graph.svg").is_file(), run.stderr  # 1: it diverges
+    browser = Chromium((out / "report.html").as_uri(), size=(1200, 1600))
+    try:
+        browser.wait_for(r"Graph nodes")
+        boxes = browser.evaluate("""[...document.querySelectorAll('#kernel-graph g.node')].map(g => {
+            const r = g.getBoundingClientRect(); return [g.id, g.dataset.status, r.width, r.height]; })""")
+        browser.evaluate("document.getElementById('kernel-graph').scrollIntoView()")
+        browser.screenshot("report-graph.png")
+    finally:
+        browser.close()
+    nodes = load_dump(bug_dump).node_infos
+    assert [b[0] for b in boxes] == [f"node-{n.index}" for n in nodes]
+    assert all(w > 50 and h > 10 for _, _, w, h in boxes)  # drawn, with room for their text
+    assert {b[0]: b[1] for b in boxes}["node-1"] == "first divergent"  # the kernel holding bug/relu
+
+
+# ------------------------------------------------------------------------------ the layout alone
+def test_the_own_layout_keeps_200_kernels_apart():
+    """A 200-kernel graph with branches and long skips: no two boxes overlap, every edge joins boxes."""
+    from tvm_probe import report
+    from tvm_probe.results import NodeInfo, Results
+    from tvm_probe.sources import SourceMap, SourceValue
+
+    rng = np.random.default_rng(0)
+    sources, nodes = SourceMap(), [NodeInfo(index=0, name="x", op="null", output_keys=[["x"]])]
+    sources.add(SourceValue(key="x"))
+    for i in range(1, 201):
+        key = f"layer_{i // 10}/block/op_{i}"
+        sources.add(SourceValue(key=key, node_index=i))
+        inputs = {(i - 1, 0)} | ({(int(rng.integers(max(0, i - 12), i)), 0)} if i % 3 == 0 else set())
+        nodes.append(NodeInfo(index=i, name=f"fused_op_{i % 7}", op="tvm_op", symbol=f"fused_op_{i % 7}",
+                              occurrence=i // 7, inputs=sorted(inputs), output_keys=[[key]]))
+
+    class Run(Results):
+        pass
+
+    run = Run()
+    run._init_results(sources, nodes)
+    svg = report.layout_svg(run)
+    rects = [tuple(map(float, m)) for m in re.findall(
+        r'<rect x="([-\d.]+)" y="([-\d.]+)" width="([\d.]+)" height="([\d.]+)"', svg)]
+    assert len(rects) == 201
+    for a in range(len(rects)):
+        xa, ya, wa, ha = rects[a]
+        for xb, yb, wb, hb in rects[a + 1:]:
+            assert xa + wa <= xb or xb + wb <= xa or ya + ha <= yb or yb + hb <= ya, "boxes overlap"
+    assert all(x >= 0 for x, *_ in rects)
+    assert svg.count('class="edge"') == sum(len({i for i, _ in n.inputs}) for n in nodes)
+
+
+def test_a_pytorch_dump_shows_its_exported_program_with_the_overlays(tmp_path):
+    """PyTorch: the source graph is the ExportedProgram tvm_probe imported, converted by Model
+    Explorer's own adapter; its nodes are fx nodes, so each value lands on its own node."""
+    pytest.importorskip("torch")
+    from dacite import Config, from_dict
+    from model_explorer.graph_builder import Graph
+
+    from support.torch_models import tiny_torch_bert
+    from tvm_probe import compare, load_dump, torch_values
+    from tvm_probe.view import export
+
+    module, args = tiny_torch_bert()
+    probe = Probe.from_torch(module, args)
+    probe.run([a.numpy() for a in args])
+    factory = SUPPORT / "torch_models.py"
+    probe.dump(tmp_path / "dump", metadata={"model": {"torch": f"{factory}:tiny_torch_bert"}})
+    reader = load_dump(tmp_path / "dump")
+    comparison = compare(reader, torch_values(module, args))
+    files = export(reader, tmp_path / "view", comparison)  # the model comes from the dump's record
+    assert files.source_adapter == "builtin_json" and "model_explorer_onnx" not in files.commands[0]
+    (raw,) = _read(files.source_model)["graphs"]
+    graph = from_dict(Graph, raw, Config(strict=True))
+    ids = {n.id for n in graph.nodes}
+    verdict = _read(files.source_overlays["verdict"])[graph.id]["results"]
+    compared = {c.key: c for c in comparison.values}
+    assert comparison and compared
+    on_graph = {key for key in compared if key in verdict}  # computed values: their key is the fx node's name
+    assert len(on_graph) >= 0.9 * len(compared), sorted(set(compared) - on_graph)[:5]
+    assert set(verdict) <= ids and {verdict[k]["value"] for k in on_graph} == {"passed"}
+
+
+def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
+    """`tvm-probe run configs/demo.yaml` records the demo as its config gave it (a preset and
+    sizes): the view builds that same model again."""
+    from tvm_probe import demo, load_dump
+    from tvm_probe.view import export
+
+    model = demo.tiny_bert(num_layers=1)
+    probe = Probe.from_onnx(model)
+    probe.run(demo.demo_inputs(model))
+    probe.dump(tmp_path / "dump", metadata={"model": {"demo": {"preset": "tiny", "num_layers": 1}}})
+    files = export(load_dump(tmp_path / "dump"), tmp_path / "view")
+    assert files.source_model.name == "model.onnx" and files.source_overlays["served"].is_file()
+
+
+def test_a_model_record_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path):
+    """A dump recording a model kind compare/view cannot rebuild is refused, never read as the demo."""
+    from tvm_probe import ProbeError, demo, load_dump
+    from tvm_probe.dump_reference import compare_dump
+
+    model = demo.tiny_bert(num_layers=1)
+    probe = Probe.from_onnx(model)
+    probe.run(demo.demo_inputs(model))
+    probe.dump(tmp_path / "dump", metadata={"model": {"hf": "llm.py:build"}})
+    with pytest.raises(ProbeError, match=r"^this dump records a model tvm_probe cannot rebuild here \(hf\): "
+                                         r"give an ONNX export of it with --model PATH$"):
+        compare_dump(load_dump(tmp_path / "dump"))

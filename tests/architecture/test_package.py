@@ -1,0 +1,40 @@
+"""The package itself: light to import, and its documented examples run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+
+def test_importing_tvm_probe_pulls_in_nothing_heavy():
+    code = ("import sys, tvm_probe; heavy = {'tvm', 'onnx', 'onnxruntime', 'torch', 'pandas'}; "
+            "print(sorted(heavy & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_package_docstring_example_runs():
+    import tvm_probe
+
+    example = tvm_probe.__doc__.split("\n\n")[1]
+    scope: dict = {}
+    exec(compile("\n".join(line[4:] for line in example.splitlines()), "tvm_probe.__doc__", "exec"), scope)
+    from tvm_probe.reference.onnxruntime import onnxruntime_values
+
+    probe, model = scope["probe"], scope["model"]
+    key = probe.resolve("layer_._0/attention/self/MatMul")
+    expected = onnxruntime_values(model, tvm_probe.demo.demo_inputs(model), [key])[key]
+    np.testing.assert_allclose(probe.get("layer_._0/attention/self/MatMul"), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = re.search(r"## Use it from Python\n\n```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    np.testing.assert_array_equal(scope["r"].get("layer_._0/attention/self/MatMul"), scope["x"])
