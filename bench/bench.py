@@ -681,10 +681,12 @@ NOTES = """## Why targets are missed where they are
   run, were measured with the Python one, ~3 us a call). `Probe.run` adds fixed per-run work in
   Python (input checks, the capture selection, the node table). Together that is ~0.2 ms, a
   sixth of a demo run but below 1% of a bert-base run, where every target is met. Since issue 22,
-  a run capturing nothing or a few kernels skips TVM's instrument altogether (see "Per-run
-  overhead": `tvm_probe/kernel_hook.py`); what remains there is ~10 us of `Probe.run`'s own Python
-  (input checks above all, 6 us) and the hooked VM itself, within 1-2 % of a plain VM (noise on
-  this machine is of the same size).
+  every run after a probe's first skips TVM's instrument altogether: the observed kernels are
+  native C++ hooks (see "Per-run overhead": `tvm_probe/kernel_hook.py`). What remains is
+  `Probe.run`'s own Python (input checks with id bounds, the plan, the result): +25 us capturing
+  nothing, +45 us one value, +75 us everything against the fastest plain run of the same
+  executable. It runs with the caches the kernels just evicted (the same code costs 2 us in a warm
+  loop, 15 us right after a run), which is why it shows on a 0.9 ms model.
 - **Full capture to disk on the demo.** A complete dump has fixed costs (six files, fsync, a
   sha256 manifest: about 10 ms) that dwarf a sub-millisecond run. On bert-base streaming costs
   about what capturing to memory costs, with a bounded peak.
