@@ -1028,18 +1028,13 @@ class _NativeCalls:
         if self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, copied, prepared.dtypes)
         if stats[UNEXPECTED] or stats[CALLED] < len(durations):
-            missing = [s for s in prepared.sites if s.index not in capture.time_us and self._expects(s)]
+            missing = [s for s in prepared.sites if s.index not in capture.time_us and not s.is_view]
             if stats[UNEXPECTED] or missing:
                 raise _behaviour_changed(prepared.session.unexpected(), missing)
         if self.sink is not None and not prepared.streaming:  # downloaded, now handed over in order
             for site in copied:
                 self.sink(site, capture.outputs[site])
 
-
-    @staticmethod
-    def _expects(site) -> bool:
-        """Whether ``site`` must have been called in a run that completed (views may be elided)."""
-        return not site.is_view
 
 
 class _HookedNativeCalls(_NativeCalls):

@@ -90,14 +90,20 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
 
 def _check_ids(spec, array: np.ndarray) -> None:
     """Ids that index a table must be inside it: TVM's compiled Gather does not check bounds."""
-    bound = spec.index_bound
-    if bound is None or not array.size:
+    if spec.index_bound is None or not array.size:
         return
-    low = -bound if getattr(spec, "negative_ids", True) else 0
+    low, bound = id_range(spec)
     if array.min() < low or array.max() >= bound:
         raise InputError(f"input {spec.name!r} holds values outside [{low}, {bound}) but indexes "
                          f"{spec.indexes!r}, which has {bound} rows (TVM's Gather does not check bounds): "
                          "fix the ids")
+
+
+def id_range(spec) -> tuple[int, int]:
+    """``[low, high)`` of the ids an input that indexes a table takes (``spec.index_bound`` set):
+    negative ids count from the end in ONNX, not in TFLite (``negative_ids``)."""
+    bound = spec.index_bound
+    return (-bound if getattr(spec, "negative_ids", True) else 0), bound
 
 
 def _check_symbolic_dims(specs, arrays) -> None:
@@ -157,8 +163,7 @@ def fast_check(spec):
     if dtype is None:
         return None
     floating = dtype.kind == "f"
-    bound = spec.index_bound
-    low = None if bound is None else -bound if getattr(spec, "negative_ids", True) else 0
+    low, bound = id_range(spec) if spec.index_bound is not None else (None, None)
 
     def check(value, allow_nonfinite: bool) -> bool:
         if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:

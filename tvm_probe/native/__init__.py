@@ -143,7 +143,7 @@ class NativeLibrary:
                      "kept", "close"):
             setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
         self.noop = tvm_ffi.get_global_func(prefix + "noop")  # an instrument that does nothing
-        for name in ("hook_switch", "hook", "switch_to", "close_switch", "hooked_call"):
+        for name in ("hook_switch", "hook", "close_switch", "hooked_call"):
             setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
         #: ``aliases(result, *tensors) -> int``: bit i set when ``result`` may refer to tensor i's memory
         self.aliases = tvm_ffi.get_global_func(prefix + "aliases")
@@ -312,8 +312,8 @@ class NativeSession:
 class HookSwitch:
     """Which session the native kernel hooks of one VM report to (none between runs).
 
-    :meth:`hook` wraps a compiled kernel: while the switch points at a session
-    (:meth:`to`), each call of the wrapper runs the kernel between the session's own
+    :meth:`hook` wraps a compiled kernel: while the switch points at a session (during
+    :meth:`call`), each call of the wrapper runs the kernel between the session's own
     bookkeeping for ``symbol`` (count, time, copy what the plan asks): what the instrument does
     for that kernel, without TVM's instrument dispatch on every VM instruction.  Pointed at no
     session, a wrapper just calls its kernel.
@@ -325,10 +325,6 @@ class HookSwitch:
     def hook(self, symbol: str, kernel):
         """``kernel`` (an ``ffi.Function``) reporting its calls as calls of ``symbol``."""
         return self._lib._hook(self.id, symbol, kernel)
-
-    def to(self, session: "NativeSession | None") -> None:
-        """Point the hooks at ``session`` (None: at none)."""
-        self._lib._switch_to(self.id, 0 if session is None else session.id)
 
     def call(self, session: "NativeSession", arena_address: int, on_event, function, args):
         """``function(*args)`` with the hooks pointed at ``session``, begun with ``arena_address``

@@ -39,7 +39,6 @@
 //   tvm_probe.capture.hook_switch() -> int               a switch for the hooks of one VM
 //   tvm_probe.capture.hook(switch, symbol, kernel) -> Function   `kernel` reporting as `symbol`
 //                                                         to the session the switch points at
-//   tvm_probe.capture.switch_to(switch, session)          (0: none) before and after a run
 //   tvm_probe.capture.hooked_call(switch, session, arena_address, on_event, function, *args)
 //                                                         begin, switch, call, switch back, end
 //   tvm_probe.capture.aliases(result, *tensors) -> int    bit i: result may refer to tensor i
@@ -673,7 +672,7 @@ class Registry {
 /*!
  * \brief Which session the hooked kernels of one VM report to: none between runs (they then
  * call their kernel and nothing else).  A VM whose kernels are hooks (tvm_probe/kernel_hook.py)
- * has one switch; a run points it at the session of its plan, and back at none after.
+ * has one switch; a run (HookedCall) points it at the session of its plan, and back at none after.
  */
 struct HookSwitch {
   std::shared_ptr<Session> session;
@@ -737,12 +736,6 @@ void Point(HookSwitch* sw, std::shared_ptr<Session> session, int64_t session_id)
     sw->ids_of = session_id;
   }
   sw->session = std::move(session);
-}
-
-/*! \brief Point switch `switch_id` at session `session_id` (0: at none). */
-void SwitchTo(int64_t switch_id, int64_t session_id) {
-  std::shared_ptr<HookSwitch> sw = Switches::Global()->Get(switch_id);
-  Point(sw.get(), session_id == 0 ? nullptr : Registry::Global()->Get(session_id), session_id);
 }
 
 /*!
@@ -859,7 +852,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       }));
   def("tvm_probe.capture.hook_switch", Function::FromTyped([]() { return Switches::Global()->Open(); }));
   def("tvm_probe.capture.hook", Function::FromTyped(MakeHook));
-  def("tvm_probe.capture.switch_to", Function::FromTyped(SwitchTo));
   def("tvm_probe.capture.hooked_call", Function::FromPacked(HookedCall));
   def("tvm_probe.capture.aliases", Function::FromPacked(Aliases));
   def("tvm_probe.capture.close_switch",
