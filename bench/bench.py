@@ -123,7 +123,7 @@ def bench_runs(probe, inputs, rounds: int, tmp: Path) -> dict[str, float]:
                                          recomputed=False),
         "selective (one name)": lambda: probe.run(inputs, capture=[SELECTIVE]),
     }
-    if any(v.served.value == "recomputed" for v in probe.sources_map):
+    if any(s.served.value == "recomputed" for s in probe.servings.values()):
         # the same, plus recomputing every fused-away value into the dump (an extra pass over
         # the fused kernels, unfused): what a complete, TVM-free dump costs
         variants["full (disk) + recomputed values"] = lambda: probe.run(
@@ -589,8 +589,7 @@ def per_run_section(rounds: int = 400) -> list[str]:
     probe.run(inputs)  # the first run goes through the instrument (it checks the call sequence)
     vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())
     names = [s.name for s in probe.inputs]
-    one_output = next(v.key for v in probe.sources_map if v.served is not None and v.served.value == "captured"
-                      and "MatMul" in v.key)
+    one_output = next(k for k, s in probe.servings.items() if s.served.value == "captured" and "MatMul" in k)
     held = [tvm.runtime.empty(inputs[n].shape, str(inputs[n].dtype), tvm.cpu()) for n in names]
     views = [np.from_dlpack(t) for t in held]
 

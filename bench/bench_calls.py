@@ -138,10 +138,13 @@ def main() -> None:
         "sequence against the kernel map; later calls run in a VM whose observed kernels are native hooks "
         "(kernel_hook.py: C++ wrappers reporting to the capture session; none for capture=None), started, run "
         "and ended in one native call, so no TVM instrument dispatch and no Python between kernels. "
-        "What is left is tvm_probe's Python around each call (the arguments merged with the held weights, the "
-        "plan looked up, the hooked kernels' call counts checked, the call's record): a few microseconds. "
+        "A call repeating an earlier one (same function and selection, arguments passed as tensors) goes "
+        "through what that one prepared (capture.FastCall: the hooked function, its session, the expected call "
+        "count; small arenas cut from shared chunks), so the Python left is the argument list, one native call, "
+        "the count check and the call's record. probe.call's VM is another VM of the same executable, which is "
+        "why capture=None can come out a few percent below the plain call. "
         f"{ONE_VALUE} is a kernel output under `default`; under `fused` it is kept inside a fused kernel, so "
-        "a call copies that kernel's inputs (handed to Python during the run) and `get` recomputes it. "
+        "a call copies that kernel's inputs and `get` recomputes it. "
         "Verdicts: " + "; ".join(f"{p} {m} ({r:.3f}x)" for p, (m, r) in verdicts.items())
         + ". Ratios vary by a few percent between runs on this 2-core machine.", ""]
     print(write_section(TITLE, lines))

@@ -6,9 +6,8 @@ served from it by the function's own probe, so a name means what it means in tha
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -70,6 +69,18 @@ class CallArguments:
 
         self._checks = [fast_check(model.params[i][1]) for i in self.free]
 
+    def as_passed(self, args: tuple) -> list | None:
+        """Every parameter's argument when ``args`` are all passed as they are (no numpy array
+        to check and copy), else None (:meth:`__call__` then checks them, or says what is wrong)."""
+        if len(args) != len(self.free):
+            return None
+        full = self.template.copy()
+        for i, value in zip(self.free, args):
+            if type(value) is np.ndarray:
+                return None
+            full[i] = value
+        return full
+
     def __call__(self, args: tuple) -> list:
         free = self.free
         if len(args) != len(free):
@@ -90,42 +101,42 @@ class CallArguments:
         return full
 
 
-@contextlib.contextmanager
-def serving(probe, record: CallRecord):
-    """``probe`` (a function probe) serves ``record``'s values while the block runs: its nodes
-    take that call's times (and sizes, for symbolic shapes); what it served before comes back after."""
-    saved = probe._capture, probe._wanted, probe._values
-    if saved[0] is not record.capture:
-        probe._accept(record.capture, record.wanted)
-    probe._values = record.values
-    try:
-        yield probe
-    finally:
-        record.values = probe._values
-        if saved[0] is not record.capture:
-            if saved[0] is not None:
-                probe._accept(saved[0], saved[1])
-            probe._capture, probe._wanted, probe._values = saved
-
-
 # -- comparison per call -------------------------------------------------------------------------
+class CallComparison(NamedTuple):
+    """One call compared: its number, the function it ran, and the
+    :class:`~tvm_probe.compare.Comparison` of its values."""
+
+    call: int
+    function: str
+    comparison: Any
+
+
+class CallDivergence(NamedTuple):
+    """Where a run of calls first diverges: the call, and its first divergent value (a
+    :class:`~tvm_probe.compare.ValueComparison`)."""
+
+    call: int
+    value: Any
+
+
 @dataclass
 class CallsComparison:
     """One :class:`~tvm_probe.compare.Comparison` per call, in call order; truthy when all are.
 
     Attributes:
-        by_call: ``[(call index, function, Comparison)]``.
+        by_call: a :class:`CallComparison` per call compared.
     """
 
-    by_call: list = field(default_factory=list)
+    by_call: list[CallComparison] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return all(bool(c) for _, _, c in self.by_call)
 
     @property
-    def first_divergent(self):
-        """``(call, ValueComparison)`` of the earliest call's first divergent value, or None."""
-        return next(((k, c.first_divergent) for k, _, c in self.by_call if c.first_divergent is not None), None)
+    def first_divergent(self) -> CallDivergence | None:
+        """The earliest call's first divergent value, or None."""
+        return next((CallDivergence(k, c.first_divergent) for k, _, c in self.by_call
+                     if c.first_divergent is not None), None)
 
     def table(self):
         """DataFrame: one row per call — compared, diverged, unchecked, first divergent value, max abs error."""
@@ -183,12 +194,14 @@ def compare_calls(probe, references, name_map: Mapping | None = None, atol: floa
     """:func:`compare_call` for several calls: ``references[i]`` against call ``calls[i]``
     (default: the last ``len(references)`` calls, in order)."""
     references = list(references)
+    made = probe.num_calls
     if calls is None:
-        calls = list(range(len(probe._calls) - len(references), len(probe._calls)))
+        calls = list(range(made - len(references), made))
     if len(calls) != len(references) or min(calls, default=0) < 0:
-        raise ProbeError(f"{len(references)} references for {len(calls)} calls ({len(probe._calls)} made): give one "
+        raise ProbeError(f"{len(references)} references for {len(calls)} calls ({made} made): give one "
                          "reference per call")
     out = CallsComparison()
     for k, ref in zip(calls, references):
-        out.by_call.append((k, probe.call_record(k).function, compare_call(probe, ref, k, name_map, atol, rtol)))
+        out.by_call.append(CallComparison(k, probe.call_record(k).function,
+                                          compare_call(probe, ref, k, name_map, atol, rtol)))
     return out

@@ -288,6 +288,7 @@ class DebugExecutor:
         # runs observing a few kernels go through a VM hooking only those (see run())
         self._hooked: dict[frozenset[str], HookedVM] = {}
         self._hook_of: dict[CapturePlan, HookedVM | None] = {}  # per plan: its hooked VM, or None
+        self.fast_calls: dict[CapturePlan, FastCall] = {}  # raw runs of a plan, once one succeeded hooked
         self._hook_allowed = choice == "auto" and hookable(kernel_map)
         self._validated = False  # an instrumented run checked the call sequence
         self._hook_native = None  # _native_hooks(): None until asked, False when unavailable
@@ -551,8 +552,7 @@ class DebugExecutor:
                    if self.remote is None and on_host(self._device) else None)
         if symbols is not None and symbols not in self._hooked:
             if len(self._hooked) >= _MAX_PLANS:
-                self._hooked.clear()
-                self._hook_of.clear()
+                self._forget_hooks()
             all_symbols = ({s.symbol for s in self._km.sites if not s.is_view} | set(self._km.helper_symbols)
                            | self._other_kernels())
             try:
@@ -603,15 +603,45 @@ class DebugExecutor:
         except KeyboardInterrupt:
             raise
         except Exception as err:
-            # the hooked VM does not know which kernel failed (or it saw other calls than the
-            # kernel map has): the instrument names the kernel, and checks the calls again
-            log.info("a run through hooked kernels failed (%s): running it through the instrument", err)
-            self._hooked.clear()
-            self._hook_of.clear()
-            if isinstance(err, TVMBehaviourChanged):
-                self._hook_allowed = False
-            return self._run_instrumented(inputs, plan, None, raw, None)
+            return self._hooked_run_failed(err, inputs, plan, raw)
         return capture
+
+    def _hooked_run_failed(self, err: Exception, inputs, plan: CapturePlan, raw: bool) -> Capture:
+        """After a hooked run raised ``err`` or saw other kernel calls than the kernel map has:
+        the same run through the instrument, which names the failing kernel and checks every
+        call (later runs keep to the instrument when the calls differed).
+
+        A raw call that saw other calls but finished may have changed what it was given as it is
+        (a KV cache, a tensor a kernel writes in place): it is not repeated, since a second run
+        would change it again.
+        """
+        log.info("a run through hooked kernels failed (%s): running it through the instrument", err)
+        self._forget_hooks()
+        if isinstance(err, TVMBehaviourChanged):
+            self._hook_allowed = False
+            if raw and not all(isinstance(a, np.ndarray) for a in inputs):
+                raise TVMBehaviourChanged(f"{err}; the call changed its state arguments (such as a KV cache), so it "
+                                          "is not repeated: its values are not served, later calls use TVM's "
+                                          "instrument") from None
+        return self._run_instrumented(inputs, plan, None, raw, None)
+
+    def _forget_hooks(self) -> None:
+        self._hooked.clear()
+        self._hook_of.clear()
+        self.fast_calls.clear()
+
+    def fast_call(self, plan: CapturePlan) -> "FastCall | None":
+        """What later raw runs of ``plan`` (no kernel times) may go through once a hooked run of
+        it succeeded: a :class:`FastCall`, or None when the run needs Python during the run
+        (outputs handed over as they come) or the VM is not hooked natively."""
+        vm = self._hook_of.get((plan, False))
+        if vm is None or (vm.hooked and vm.switch is None):
+            return None
+        prepared = vm.prepared.get(plan) if vm.hooked else None
+        if vm.hooked and (prepared is None or prepared.streaming or prepared.untracked and not prepared.callbacks):
+            return None  # (no session prepared: the hooks would report to nothing)
+        self.fast_calls[plan] = FastCall(self, vm, plan, prepared)
+        return self.fast_calls[plan]
 
     def _prepare(self) -> None:
         """The VM is ready: made (first run), or reconnected after a lost remote run."""
@@ -880,6 +910,8 @@ class _NativePlan:
     """One CapturePlan as a native session: arena layout, arenas, how to read a run back."""
 
     _POOL = 2  # arenas kept: the one the last run's Capture holds, and one to fill
+    _CHUNK = 1 << 20  # arenas of at most _CUT_BELOW bytes are cut from chunks of this size
+    _CUT_BELOW = _CHUNK // 16
 
     def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict,
                  sync_device: tuple[int, int] | None = None):
@@ -912,6 +944,7 @@ class _NativePlan:
         self._arenas: list[np.ndarray] = []
         self._free_refs: list[int] = []  # each arena's reference count when nothing else holds it
         self._addresses: list[int] = []
+        self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
 
     def arena(self) -> tuple[np.ndarray | None, int]:
         """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
@@ -923,13 +956,30 @@ class _NativePlan:
         for i in range(len(self._arenas)):
             if _references(self._arenas[i]) == self._free_refs[i]:
                 return self._arenas[i], self._addresses[i]
-        if len(self._arenas) == self._POOL:  # all held: a one-off
+        if len(self._arenas) == self._POOL:  # all held (calls keep their captures): a one-off
+            if self.arena_bytes <= self._CUT_BELOW:
+                return self._cut()
             fresh = np.empty(self.arena_bytes, dtype=np.uint8)
             return fresh, fresh.__array_interface__["data"][0]
         self._arenas.append(np.empty(self.arena_bytes, dtype=np.uint8))
         self._free_refs.append(_references(self._arenas[-1]))  # held by the pool alone
         self._addresses.append(self._arenas[-1].__array_interface__["data"][0])
         return self._arenas[-1], self._addresses[-1]
+
+    def _cut(self) -> tuple[np.ndarray, int]:
+        """A small one-off arena, cut from a chunk of many: a slice, where a new array and its
+        address cost microseconds (a decode step that copies one value is that short).  A chunk
+        is freed when no arena cut from it is held any more."""
+        n = self.arena_bytes
+        if self._cut_at + n > self._chunk_bytes:
+            chunk = np.empty(self._CHUNK + native.ALIGN, dtype=np.uint8)
+            skip = -chunk.__array_interface__["data"][0] % native.ALIGN  # arena offsets assume aligned starts
+            self._chunk = chunk[skip:skip + self._CHUNK]
+            self._chunk_address = chunk.__array_interface__["data"][0] + skip
+            self._chunk_bytes, self._cut_at = self._CHUNK // n * n, 0
+        at = self._cut_at
+        self._cut_at = at + n
+        return self._chunk[at:at + n], self._chunk_address + at
 
 
 def _references(array: np.ndarray) -> int:
@@ -1075,6 +1125,69 @@ class _HookedNativeCalls(_NativeCalls):
         capture.copied_bytes = stats[COPIED_BYTES]
         if self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, prepared.slots, prepared.dtypes)
+
+
+class FastCall:
+    """Raw runs of one plan through its hooked VM, made once one such run succeeded
+    (:meth:`DebugExecutor.fast_call`): the arguments passed as they are (no numpy array among
+    them: those are copied into held tensors by :meth:`DebugExecutor.run`), no kernel times.
+
+    It does what :meth:`DebugExecutor.run` does for such a run, less the decisions made once: a
+    decode step of a small model takes ~90 us, so each microsecond of Python around it shows.
+    A failure, or kernel calls other than the kernel map's, goes where a hooked run's goes.
+    """
+
+    __slots__ = ("_executor", "_plan", "_function", "_prepared", "_switch", "_session", "_expected",
+                 "_hooked_call", "_capture", "_on_event")
+
+    def __init__(self, executor: DebugExecutor, vm: HookedVM, plan: CapturePlan, prepared):
+        self._executor, self._plan, self._prepared = executor, plan, prepared
+        self._function = vm[executor.function]
+        self._expected = vm.expected_calls
+        self._capture: Capture | None = None
+        if prepared is not None:
+            self._switch, self._session = vm.switch.id, prepared.session
+            self._hooked_call = vm.switch._lib._hooked_call
+            self._on_event = self._keep_untracked if prepared.untracked else None
+
+    def __call__(self, args: list) -> Capture:
+        """Run with every parameter's argument; what the run copied, its result as returned."""
+        prepared = self._prepared
+        clock = time.perf_counter
+        if prepared is None:  # nothing hooked: the VM's own call
+            t0 = clock()
+            try:
+                result = self._function(*args)
+            except KeyboardInterrupt:
+                raise
+            except Exception as err:
+                return self._executor._hooked_run_failed(err, args, self._plan, True)
+            return Capture(inputs=args, instrument=HOOK, total_us=(clock() - t0) * 1e6, returned=result)
+        session, arena, address = self._session, *prepared.arena()
+        self._capture = capture = Capture(inputs=args, instrument=HOOK)
+        t0 = clock()
+        try:
+            result = self._hooked_call(self._switch, session.id, address, self._on_event, self._function, *args)
+            capture.total_us = (clock() - t0) * 1e6
+            stats = session.stats.tolist()
+            if stats[UNEXPECTED] or stats[STOPPED] or stats[CALLED] != self._expected:
+                raise TVMBehaviourChanged(f"the hooked kernels were called {stats[CALLED]} times where the kernel "
+                                          f"map has {self._expected} call sites of them")
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:
+            return self._executor._hooked_run_failed(err, args, self._plan, True)
+        finally:
+            self._capture = None
+        capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
+        if arena is not None:
+            capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)
+        return capture
+
+    def _keep_untracked(self, kind: int, site: int, *tensors) -> None:
+        """The inputs of a fused kernel the plan recomputes from, handed over during the run."""
+        self._capture.untracked_inputs[site] = dict(zip(self._prepared.untracked[site],
+                                                        [host_array(t) for t in tensors]))
 
 
 class ArenaOutputs(Mapping):

@@ -19,6 +19,8 @@ reference's — TVM adding them or dropping them.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Mapping
@@ -141,43 +143,104 @@ class Comparison:
 def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.ndarray,
                    tol: Tolerance | None = None) -> ValueComparison:
     """Metrics of ``got`` against ``ref`` (see module docstring); ``tol`` defaults by dtype."""
-    g, r = np.asarray(got), np.asarray(ref)
-    tol = tol or default_tolerance(r.dtype)
-    # (the usual case, both sides finite, is checked with one reduction each: a generation
-    # compare makes hundreds of these per step)
-    all_finite = all(a.dtype.kind not in "fc" or bool(np.isfinite(a).all()) for a in (g, r))
-    counts = {f"{what}_{side}": 0 if all_finite or a.dtype.kind not in "fc" else int(test(a).sum())
+    return compare_many([(key, name, served, got, ref, tol)])[0]
+
+
+def compare_many(entries) -> list[ValueComparison]:
+    """:func:`compare_arrays` of each ``(key, name, served, got, ref, tol)``, in order.
+
+    Float values of one shape on both sides are measured together, a few numpy calls for all of
+    them (a generation compare makes hundreds a step, each a few dozen elements); those holding
+    a NaN or infinity, and the others, one by one.
+    """
+    out: list[ValueComparison | None] = [None] * len(entries)
+    together = []
+    for i, (key, name, served, got, ref, tol) in enumerate(entries):
+        g, r = np.asarray(got), np.asarray(ref)
+        tol = tol or default_tolerance(r.dtype)
+        if g.shape == r.shape and g.dtype.kind == "f" and r.dtype.kind == "f":
+            together.append((i, g, r, tol))
+        else:
+            out[i] = _compare_one(key, name, served, g, r, tol)
+    measured = _finite_metrics([(g, r, tol) for _, g, r, tol in together])
+    for (i, g, r, tol), metrics in zip(together, measured):
+        key, name, served = entries[i][:3]
+        if metrics is None:  # a NaN or infinity somewhere
+            out[i] = _compare_one(key, name, served, g, r, tol)
+        else:
+            out[i] = ValueComparison(key=key, name=name, served=served, dtype=_dtype_name(r.dtype),
+                                     tolerance=str(tol), **metrics, nan_tvm=0, inf_tvm=0, nan_ref=0, inf_ref=0)
+    return out
+
+
+def _compare_one(key: str, name: str, served: str, g: np.ndarray, r: np.ndarray, tol: Tolerance) -> ValueComparison:
+    """:func:`compare_arrays` of one value of any dtype, NaN and infinities included: metrics
+    over the elements both sides hold as finite numbers, pass/fail by the tolerance rule."""
+    counts = {f"{what}_{side}": 0 if a.dtype.kind not in "fc" else int(test(a).sum())
               for side, a in (("tvm", g), ("ref", r)) for what, test in (("nan", np.isnan), ("inf", np.isinf))}
-    base = dict(key=key, name=name, served=served, dtype=str(r.dtype), tolerance=str(tol), **counts)
+    base = dict(key=key, name=name, served=served, dtype=_dtype_name(r.dtype), tolerance=str(tol), **counts)
     if g.shape != r.shape:
         return ValueComparison(**base, max_abs=np.inf, max_rel=np.inf, mean_abs=np.inf, cosine=np.nan,
                                snr_db=-np.inf, passed=False,
                                note=f"shape {list(g.shape)} where the reference has {list(r.shape)}")
     g64, r64 = g.astype(np.float64), r.astype(np.float64)
-    if all_finite:
-        nonfinite_note, gf, rf = "", g64.ravel(), r64.ravel()
+    note = _nonfinite_difference(g64, r64) if any(counts.values()) else ""
+    finite = np.isfinite(g64) & np.isfinite(r64)
+    (metrics,) = _finite_metrics([(g64[finite], r64[finite], tol)])
+    metrics["passed"] = bool(within(g, r, tol).all())
+    return ValueComparison(**base, **metrics, nonfinite_differ=bool(note), note=note)
+
+
+_TINY = np.finfo(np.float64).tiny
+
+
+def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[dict | None]:
+    """For each ``(got, ref, tol)`` of equal sizes: max abs / max rel / mean abs error, cosine,
+    SNR and ``passed`` (every element within ``tol``), or None when either holds a NaN or an
+    infinity.  All pairs in one pass over their elements laid end to end."""
+    sizes = [g.size for g, _, _ in pairs]
+    out: list[dict | None] = [_EMPTY_METRICS.copy() if not n else None for n in sizes]
+    kept = [i for i, n in enumerate(sizes) if n]
+    if not kept:
+        return out
+    if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
+        (g, r, tol), counts = pairs[kept[0]], sizes[kept[0]]
+        G, R, atol, rtol = g.ravel().astype(np.float64), r.ravel().astype(np.float64), tol.atol, tol.rtol
+        per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
     else:
-        nonfinite_note = _nonfinite_difference(g64, r64)
-        finite = np.isfinite(g64) & np.isfinite(r64)
-        gf, rf = g64[finite], r64[finite]
-    diff, abs_ref = np.abs(gf - rf), np.abs(rf)
-    kinds = {g.dtype.kind, r.dtype.kind}
-    if all_finite and "f" in kinds and "c" not in kinds:  # within()'s rule when every value is finite,
-        passed = bool(np.less_equal(diff, tol.atol + tol.rtol * abs_ref).all())  # on what is computed here
-    else:
-        passed = bool(within(g, r, tol).all())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(diff == 0, 0.0, diff / np.maximum(abs_ref, np.finfo(np.float64).tiny))
-    # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
-    gg, rr, gr = float(np.add.reduce(gf * gf)), float(np.add.reduce(rf * rf)), float(np.add.reduce(gf * rf))
-    norm = np.sqrt(gg) * np.sqrt(rr)
-    cosine = gr / norm if norm > 0 else (1.0 if not gf.any() and not rf.any() else 0.0)
-    noise, signal = float(np.add.reduce(diff * diff)), rr
-    snr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
-    return ValueComparison(
-        **base, max_abs=float(diff.max()) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
-        mean_abs=float(np.add.reduce(diff)) / diff.size if diff.size else 0.0, cosine=cosine, snr_db=float(snr),
-        passed=passed, nonfinite_differ=bool(nonfinite_note), note=nonfinite_note)
+        G = np.concatenate([pairs[i][0].ravel() for i in kept], dtype=np.float64)
+        R = np.concatenate([pairs[i][1].ravel() for i in kept], dtype=np.float64)
+        counts = np.array([sizes[i] for i in kept])
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        atol = np.repeat([pairs[i][2].atol for i in kept], counts)
+        rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
+        per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff, abs_ref = np.abs(G - R), np.abs(R)
+        # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
+        columns = [per(ufunc, a).tolist() for ufunc, a in (
+            (np.logical_and, np.isfinite(G) & np.isfinite(R)), (np.logical_and, diff <= atol + rtol * abs_ref),
+            (np.maximum, diff), (np.maximum, diff / np.maximum(abs_ref, _TINY)), (np.add, diff),
+            (np.add, G * G), (np.add, R * R), (np.add, G * R), (np.add, diff * diff),
+            (np.logical_or, (G != 0) | (R != 0)))]
+    for i, (finite, passed, max_abs, max_rel, sum_abs, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
+        if not finite:
+            continue
+        norm = math.sqrt(gg) * math.sqrt(rr)
+        cosine = gr / norm if norm > 0 else (0.0 if nonzero else 1.0)
+        ratio = rr / noise if noise else math.inf
+        snr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
+        out[i] = dict(max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / sizes[i], cosine=cosine, snr_db=snr,
+                      passed=passed)
+    return out
+
+
+_EMPTY_METRICS = dict(max_abs=0.0, max_rel=0.0, mean_abs=0.0, cosine=1.0, snr_db=np.inf, passed=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype: np.dtype) -> str:
+    return str(dtype)
 
 
 def _nonfinite_difference(g: np.ndarray, r: np.ndarray) -> str:
@@ -257,14 +320,15 @@ def compare(results, reference, atol: float | None = None,
         _check_same_model(results, reference)
         reference = ResultsReference(reference)
     out = Comparison()
-    asked = [v for v in results.sources_map if v.kind not in (Kind.INPUT, Kind.PARAM)
-             and (keys is None or v.key in keys)]
-    dtypes = set()
+    asked = [v for v in (results.sources_map if keys is None else results.sources_map.in_order(keys))
+             if v.kind not in (Kind.INPUT, Kind.PARAM)]
+    dtypes, entries = set(), []
     for done, value in enumerate(asked):
         if progress is not None:
             progress(done, len(asked))
         out.names[value.key] = value.display_name
-        if value.served is Served.UNAVAILABLE:
+        served = results.servings[value.key].served
+        if served is Served.UNAVAILABLE:
             out.dead[value.key] = value.display_name
             continue
         try:
@@ -281,8 +345,9 @@ def compare(results, reference, atol: float | None = None,
         tol = (tolerance_for(value.names) if tolerance_for else None) or (
 tolerance_of(ref.dtype, atol, rtol))
         dtypes.add(str(ref.dtype))
-        out.add(compare_arrays(value.key, value.display_name, value.served.value if value.served else "",
-                               got, ref, tol))
+        entries.append((value.key, value.display_name, served.value, got, ref, tol))
+    for compared in compare_many(entries):  # (in source order, as asked)
+        out.add(compared)
     out.tolerance_rule = _rule(atol, rtol, dtypes, tolerance_for is not None)
     return out
 

@@ -24,7 +24,7 @@ down is said to be unknown, never guessed.  TVM is imported lazily.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .describe import SHOWN_OPS, BindingNames, describe_ops, source_order
@@ -322,6 +322,23 @@ def _display(keys, sources) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ warnings
+@dataclass
+class _Attribution:
+    """What re-running one op-local pass binding by binding found for one warning message.
+
+    Attributes:
+        where: the pass that printed it.
+        keys: source values of the bindings whose re-run prints it (a binding may have none).
+        ops: the Relax ops of those bindings.
+        attributed: some binding printed it (its ops are known, even when none has a source name).
+    """
+
+    where: str
+    keys: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    attributed: bool = False
+
+
 def attribute_warnings(native: NativeLog, passes: PassLog, target, imported=None,
                        build_log: NativeLog | None = None) -> list[CompileWarning]:
     """TVM's compile warnings, each with the source ops that made TVM print it.
@@ -335,17 +352,16 @@ def attribute_warnings(native: NativeLog, passes: PassLog, target, imported=None
     printed += [(text, None) for _, text in (build_log.warnings() if build_log is not None else [])]
     if not printed:
         return []
-    found: dict[str, dict] = {}  # message → {"keys": [...], "ops": [...], "where": pass}
+    found: dict[str, _Attribution] = {}  # message → the bindings whose re-run prints it
     rerun = {id(run): run for _, run in printed if run is not None and run.name in OP_LOCAL_PASSES}
     names = BindingNames(imported) if imported is not None else None
     for run in rerun.values():
         for message, culprits in _warnings_per_binding(run, target).items():
-            entry = found.setdefault(message, {"keys": [], "ops": [], "where": run.name, "attributed": False})
+            entry = found.setdefault(message, _Attribution(where=run.name))
             for b in culprits:
-                keys = names.of(b.var) if names is not None else ()
-                entry["keys"].extend(keys)
-                entry["ops"].append(b.op)
-                entry["attributed"] = True
+                entry.keys.extend(names.of(b.var) if names is not None else ())
+                entry.ops.append(b.op)
+                entry.attributed = True
     result: list[CompileWarning] = []
     listed = set()
     for text, run in printed:
@@ -353,10 +369,10 @@ def attribute_warnings(native: NativeLog, passes: PassLog, target, imported=None
             continue
         listed.add(text)
         entry = found.get(text)
-        if entry is not None and entry["attributed"]:
+        if entry is not None and entry.attributed:
             sources = imported.sources if imported is not None else None
-            result.append(CompileWarning(text, source_order(entry["keys"], sources), entry["where"],
-                                         tuple(dict.fromkeys(entry["ops"]))))
+            result.append(CompileWarning(text, source_order(entry.keys, sources), entry.where,
+                                         tuple(dict.fromkeys(entry.ops))))
         else:
             result.append(CompileWarning(text, (), run.name if run is not None else "build"))
     return result

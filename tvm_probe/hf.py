@@ -277,7 +277,7 @@ def generate(probe, input_ids, steps: int, capture="all") -> list[int]:
         out = probe.call(PREFILL if i == 0 else DECODE, feed, position, *past, capture=capture)
         logits = out[0].numpy()
         tokens.append(int(np.argmax(logits[0, -1])))
-        calls.append(len(probe._calls) - 1)
+        calls.append(probe.num_calls - 1)
         past = list(out[1:])
         length = ids.shape[1] + i
         feed, position = np.array([[tokens[-1]]], np.int64), np.array([[length]], np.int64)
@@ -368,7 +368,7 @@ class GenerationComparison:
     def first_divergent(self):
         """``(step, value name)`` of the earliest call's first divergent value, or None."""
         found = self.calls.first_divergent
-        return None if found is None else (found[0], found[1].name)
+        return None if found is None else (found.call, found.value.name)
 
     def __bool__(self) -> bool:
         return bool(self.calls) and self.tokens == self.reference_tokens

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import TVMBehaviourChanged
+from .sources import Kind, Served, Serving, Servings
 from .valuenum import FunctionValues, ValueNumbering, shape_dims
 
 VIEW_SYMBOL = "vm.builtin.reshape"
@@ -171,7 +172,8 @@ class KernelMap:
 def build_kernel_map(imported, snapshots) -> KernelMap:
     """Map each kernel call of the compiled ``main`` to source values (see module docstring)."""
     main = snapshots.call_graph["main"]
-    sites, site_vars, _ = call_sites(main)
+    calls = call_sites(main)
+    sites, site_vars = calls.sites, calls.site_vars
     vn = ValueNumbering()
     fused = snapshots.post_fusion is not None
     runtime = vn.main(snapshots.post_fusion if fused else snapshots.call_graph, inline=fused)
@@ -511,16 +513,38 @@ def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
     return shapes, dtypes
 
 
-def call_sites(main) -> tuple[list[CallSite], list, dict]:
-    """The kernel calls of ``main`` in order, the Var each is bound to, and every Var that holds a
-    kernel output (the call's own Var, its tuple elements, aliases) → ``(site, output k)``."""
+class SiteOutput(NamedTuple):
+    """Output ``output`` of the kernel call at call site ``site``."""
+
+    site: int
+    output: int
+
+
+class MainCalls(NamedTuple):
+    """The kernel calls of a compiled ``main`` (what :func:`call_sites` finds).
+
+    Attributes:
+        sites: the call sites, in VM order.
+        site_vars: the Var each site is bound to.
+        produced: every Var that holds a kernel output (the call's own Var, its tuple elements,
+            aliases) → its :class:`SiteOutput`.
+    """
+
+    sites: list[CallSite]
+    site_vars: list
+    produced: dict
+
+
+def call_sites(main) -> MainCalls:
+    """The kernel calls of ``main`` in order, the Var each is bound to, and the kernel output
+    every Var holds (see :class:`MainCalls`)."""
     import tvm
     from tvm import relax
 
     params = {p: i for i, p in enumerate(main.params)}
     sites: list[CallSite] = []
     site_vars = []
-    produced: dict = {}          # Var → (site index, output k)
+    produced: dict = {}          # Var → SiteOutput
 
     def arg_source(expr) -> ArgSource:
         if isinstance(expr, relax.Var):
@@ -538,7 +562,7 @@ def call_sites(main) -> tuple[list[CallSite], list, dict]:
         value, var = b.value, b.var
         if isinstance(value, relax.TupleGetItem) and value.tuple_value in produced:
             node, _ = produced[value.tuple_value]
-            produced[var] = (node, int(value.index))
+            produced[var] = SiteOutput(node, int(value.index))
             continue
         if isinstance(value, relax.Var) and value in produced:
             produced[var] = produced[value]
@@ -559,10 +583,10 @@ def call_sites(main) -> tuple[list[CallSite], list, dict]:
                         is_view=symbol == VIEW_SYMBOL, args=args,
                         out_shapes=shapes, out_dtypes=dtypes, output_keys=[[] for _ in shapes],
                         call_args=arg_exprs)
-        produced[var] = (site.index, 0)
+        produced[var] = SiteOutput(site.index, 0)
         sites.append(site)
         site_vars.append(var)
-    return sites, site_vars, produced
+    return MainCalls(sites, site_vars, produced)
 
 
 @dataclass
@@ -707,35 +731,38 @@ def _plan_group(func, name, group_args, site_args, prim_funcs) -> GroupPlan:
 
 
 # -- how each source value is served ------------------------------------------------------------
-def classify(sources, kmap: KernelMap, num_inputs: int) -> None:
-    """Set ``served`` and ``node_index`` of every source value from where ``kmap`` placed it.
+def classify(sources, kmap: KernelMap, num_inputs: int) -> Servings:
+    """How this build serves every source value, from where ``kmap`` placed it.
 
-    "Dead code" (UNAVAILABLE) is said only of values no model output depends on in the source
-    graph; a live value without a place is UNKNOWN (and ``kmap.lost`` says why).
+    The table is the build's own (the :class:`~tvm_probe.sources.SourceMap` is not touched), so
+    one imported model can be compiled and served by several probes.  "Dead code" (UNAVAILABLE)
+    is said only of values no model output depends on in the source graph; a live value without
+    a place is UNKNOWN (and ``kmap.lost`` says why).
     """
-    from .sources import Kind, Served
-
     live = sources.live_keys()
     input_index = {key: i for i, key in enumerate(sources.model_inputs)}
+    servings = {}
     for value in sources:
-        place = kmap.places.get(value.key)
-        value.node_index = -1
-        if value.kind is Kind.INPUT:
-            value.served, value.node_index = Served.INPUT, input_index[value.key]
-        elif value.kind in (Kind.PARAM, Kind.CONSTANT):
-            value.served = Served.CONSTANT
-        elif place is None:
-            value.served = Served.UNKNOWN if value.key in live else Served.UNAVAILABLE
-            if value.served is Served.UNKNOWN and value.key not in kmap.lost:
-                kmap.lost[value.key] = "TVM's importer produced no run-time value for it"
-        elif place.kind is PlaceKind.INPUT:
-            value.served, value.node_index = Served.INPUT, place.input_index
-        elif place.kind is PlaceKind.SHAPE:
-            value.served, value.node_index = Served.SHAPE, place.input_index
-        elif place.kind is PlaceKind.OUTPUT:
-            is_view = kmap.sites[place.site].is_view
-            value.served, value.node_index = (Served.VIEW if is_view else Served.CAPTURED), num_inputs + place.site
-        elif place.kind is PlaceKind.INTERIOR:
-            value.served, value.node_index = Served.RECOMPUTED, num_inputs + place.site
-        else:
-            value.served = Served.FOLDED
+        servings[value.key] = serving = _serving(value, kmap.places.get(value.key), kmap, live, input_index, num_inputs)
+        if serving.served is Served.UNKNOWN and value.key not in kmap.lost:
+            kmap.lost[value.key] = "TVM's importer produced no run-time value for it"
+    return servings
+
+
+def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_inputs: int) -> Serving:
+    """How one source value is served (see :func:`classify`)."""
+    if value.kind is Kind.INPUT:
+        return Serving(Served.INPUT, input_index[value.key])
+    if value.kind in (Kind.PARAM, Kind.CONSTANT):
+        return Serving(Served.CONSTANT)
+    if place is None:
+        return Serving(Served.UNKNOWN if value.key in live else Served.UNAVAILABLE)
+    if place.kind is PlaceKind.INPUT:
+        return Serving(Served.INPUT, place.input_index)
+    if place.kind is PlaceKind.SHAPE:
+        return Serving(Served.SHAPE, place.input_index)
+    if place.kind is PlaceKind.OUTPUT:
+        return Serving(Served.VIEW if kmap.sites[place.site].is_view else Served.CAPTURED, num_inputs + place.site)
+    if place.kind is PlaceKind.INTERIOR:
+        return Serving(Served.RECOMPUTED, num_inputs + place.site)
+    return Serving(Served.FOLDED)

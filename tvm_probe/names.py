@@ -72,7 +72,7 @@ class NameIndex:
             raise UnknownNameError(f"empty name {name!r}: give a node or tensor name (see probe.sources)")
         kind, bare = split_kind(name)
         kinds = (kind,) if kind else KINDS
-        exact = self._lookup(bare, kinds, lambda n: n == bare)
+        exact = self._exact(bare, kinds)
         if len(exact) == 1:
             return exact[0]
         if exact:
@@ -107,6 +107,12 @@ class NameIndex:
         """Keys with a name of one of ``kinds`` passing ``test``, in source order."""
         keys = {k for kind in kinds for n, ks in self._keys[kind].items() if test(n) for k in ks}
         return sorted(keys, key=self._order.__getitem__)
+
+    def _exact(self, bare: str, kinds) -> list[str]:
+        """Keys with the name ``bare`` of one of ``kinds``, in source order (:meth:`_lookup` with
+        equality, by dict: a generation compare resolves hundreds of names a step)."""
+        keys = [k for kind in kinds for k in self._keys[kind].get(bare, ())]
+        return keys if len(keys) <= 1 else sorted(set(keys), key=self._order.__getitem__)
 
     def _spellings(self, key: str, name: str, kinds) -> list[str]:
         return [f"{kind}:{n}" for kind in kinds for n, ks in self._keys[kind].items()

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Mapping, Sequence, Union
@@ -19,7 +20,7 @@ from .inputs import InputChecker
 from .importer import ImportedModel, InputSpec
 from .kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from .recompute import evaluate_folded
-from .calls import CallArguments, CallRecord, as_numpy, captured_bytes, serving
+from .calls import CallArguments, CallRecord, as_numpy, captured_bytes
 from .results import NodeInfo, Results, not_computed
 from .schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from .sources import Served
@@ -46,10 +47,6 @@ class Probe(Results, Viewable):
     precision = None
 
     def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None):
-        from dataclasses import replace
-
-        # How a value is served belongs to this build: two probes of one import must not share it.
-        imported = replace(imported, sources=imported.sources.copy())
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
         self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote,
                                        function=getattr(imported, "function", "main"))
@@ -58,18 +55,21 @@ class Probe(Results, Viewable):
         self._wanted: set[str] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._folded: dict[str, np.ndarray] = {}
-        classify(imported.sources, kernel_map, self.num_input_nodes)
+        # how each value is served is this build's own table: the imported model is not touched,
+        # so several probes (pipelines, targets) can share one import
+        servings = classify(imported.sources, kernel_map, self.num_input_nodes)
         if hasattr(imported, "param_items"):  # a function of a Relax module: arguments by position
             from .importer.relax import place_arguments
 
-            place_arguments(imported, kernel_map)
+            place_arguments(imported, kernel_map, servings)
         self._functions: dict[str, "Probe"] = {self.function: self}
         self._calls: list[CallRecord] = []
         self._serve_run = True  # get() without call=: the last run() (else the last call())
-        self._init_results(imported.sources, self._static_nodes())
+        self._init_results(imported.sources, servings, self._static_nodes())
         self._planner = CapturePlanner(kernel_map, self._names)
         self._check_inputs = InputChecker(imported.inputs)
         self._arguments: CallArguments | None = None  # call(): made at the first call
+        self._fast_calls: dict[tuple, tuple] = {}  # call(function, capture, kernel_times) → (probe, plan, wanted)
         self._call_plans: dict = {}  # call(): capture selection → _call_plan()
         self._timed_by: Capture | None = None  # the capture whose times (and sizes) the nodes show
         self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
@@ -288,6 +288,17 @@ class Probe(Results, Viewable):
         Returns:
             What ``vm[function](*args)`` returns, as it returns it.
         """
+        key = (function, capture if capture is None or type(capture) is str else tuple(capture), kernel_times)
+        fast = self._fast_calls.get(key)
+        if fast is not None:  # a call made before: what was decided then holds (a decode loop)
+            probe, plan, wanted = fast
+            run, arguments = probe._executor.fast_calls.get(plan), probe._arguments.as_passed(args)
+            if run is not None and arguments is not None:
+                result = run(arguments)
+                self._calls.append(CallRecord(len(self._calls), function, result, wanted, result.total_us,
+                                              result.copied_bytes))
+                self._serve_run = False
+                return result.returned
         probe = self._functions.get(function) or self._function_probe(function)
         if probe._arguments is None:
             probe._arguments = CallArguments(probe.imported, function)
@@ -297,6 +308,8 @@ class Probe(Results, Viewable):
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
         result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
+        if not layouts and not kernel_times and plan.outputs is not None and probe._executor.fast_call(plan):
+            self._fast_calls[key] = probe, plan, wanted
         record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
                             time_us=result.total_us, captured_bytes=captured_bytes(result))
         if layouts:  # what the KV caches hold after this call (it changes with the next)
@@ -356,6 +369,18 @@ class Probe(Results, Viewable):
                               "captured_bytes": r.captured_bytes} for r in self._calls],
                             columns=["call", "function", "time_us", "captured_bytes"])
 
+    @property
+    def num_calls(self) -> int:
+        """How many :meth:`call` s were made (forgotten ones included): the last call is number
+        ``num_calls - 1``."""
+        return len(self._calls)
+
+    @property
+    def call_records(self) -> tuple[CallRecord, ...]:
+        """Every :meth:`call`'s :class:`~tvm_probe.calls.CallRecord`, in call order; those
+        dropped by :meth:`forget_calls` have ``capture=None`` (:meth:`call_record` refuses them)."""
+        return tuple(self._calls)
+
     def forget_calls(self, keep_last: int = 0) -> None:
         """Drop the captures of all calls but the last ``keep_last`` (every call keeps what it
         captured until then: a long generation grows by one capture per step).  Calls keep
@@ -382,7 +407,26 @@ class Probe(Results, Viewable):
     def in_call(self, call: int | None = None):
         """``with probe.in_call(k) as p:`` — ``p`` (the function's probe) serves call ``k``."""
         record = self.call_record(call)
-        return serving(self._function_probe(record.function), record)
+        return self._function_probe(record.function).serving_call(record)
+
+    @contextlib.contextmanager
+    def serving_call(self, record: CallRecord):
+        """``with p.serving_call(record):`` — this probe (the function probe of ``record``)
+        serves that call's values while the block runs: its nodes take that call's times (and
+        sizes, for symbolic shapes), values recomputed meanwhile stay with the record; what it
+        served before comes back after."""
+        saved = self._capture, self._wanted, self._values
+        if saved[0] is not record.capture:
+            self._accept(record.capture, record.wanted)
+        self._values = record.values
+        try:
+            yield self
+        finally:
+            record.values = self._values
+            if saved[0] is not record.capture:
+                if saved[0] is not None:
+                    self._accept(saved[0], saved[1])
+                self._capture, self._wanted, self._values = saved
 
     def get(self, name: str, call: int | None = None) -> np.ndarray:
         """The value of ``name``: in the last :meth:`run`, or in call ``call`` of :meth:`call`
@@ -473,6 +517,12 @@ class Probe(Results, Viewable):
     def last_inputs(self) -> list[np.ndarray]:
         """The inputs of the last :meth:`run`, in :attr:`inputs` order."""
         return self._require_run().inputs
+
+    @property
+    def last_capture(self) -> Capture:
+        """What the run values are served from copied (a :class:`~tvm_probe.capture.Capture`:
+        inputs, kernel outputs by call site, times); NotRunError before a run."""
+        return self._require_run()
 
     def verify(self, inputs):
         """Check every value this probe serves against an independent, unfused evaluation.
@@ -570,7 +620,9 @@ class Probe(Results, Viewable):
             if stream_to is not None:
                 from .store.assemble import DumpOptions, run_streaming
 
-                run_streaming(self, arrays, plan, wanted, Path(stream_to), DumpOptions(**dump_options))
+                run_streaming(self, arrays, plan, Path(stream_to), DumpOptions(**dump_options),
+                              execute=lambda sink: self._executor.run(arrays, plan, sink=sink),
+                              serve=lambda capture: self._accept(capture, wanted))
             else:
                 self._accept(self._executor.run(arrays, plan, kernel_times=kernel_times, observer=instrument), wanted)
             self._serve_run = True
@@ -640,14 +692,13 @@ class Probe(Results, Viewable):
 
     def _value(self, key: str) -> np.ndarray:
         capture = self._require_run()
-        value = self.imported.sources[key]
-        served = value.served
-        place = self.kernel_map.places.get(key)
+        value, serving = self.imported.sources[key], self.servings[key]
+        served, place = serving.served, self.kernel_map.places.get(key)
         if served is Served.INPUT:
             item = getattr(self.imported, "param_items", {}).get(key)
             if item is not None:  # an element of a tuple argument (packed weights)
-                return as_numpy(capture.inputs[item[0]][item[1]])
-            return as_numpy(capture.inputs[value.node_index])
+                return as_numpy(capture.inputs[item.param][item.element])
+            return as_numpy(capture.inputs[serving.node_index])
         if served is Served.SHAPE:  # the ONNX value is an int64 scalar or [1] tensor of that size
             size = capture.inputs[place.input_index].shape[place.output]
             return np.asarray(size, dtype=value.dtype or "int64").reshape(value.shape or ())
@@ -661,13 +712,13 @@ class Probe(Results, Viewable):
             return self._site_output(place.site, place.output, value.display_name)
         if served is Served.RECOMPUTED:
             if key not in self._values:
-                self._values.update(self._recompute(self.kernel_map.sites[place.site], key))
+                self._values.update(self.values_kept_inside(self.kernel_map.sites[place.site], key))
             return self._values[key]
-        raise not_computed(value, self.kernel_map.lost.get(key, ""), key in self.kernel_map.known_limits)
+        raise not_computed(value, served, self.kernel_map.lost.get(key, ""), key in self.kernel_map.known_limits)
 
     def _evaluate_folded(self) -> dict[str, np.ndarray]:
         """Every value the pipeline folded: constants as they are, the rest in one build."""
-        places = {k: p for k, p in self.kernel_map.places.items() if self.imported.sources[k].served is Served.FOLDED}
+        places = {k: p for k, p in self.kernel_map.places.items() if self.servings[k].served is Served.FOLDED}
         values = {k: p.const.value.numpy() for k, p in places.items() if p.kind is PlaceKind.CONSTANT}
         folded = {k: p.var for k, p in places.items() if p.kind is PlaceKind.FOLDED}
         unique = list(dict.fromkeys(folded.values()))
@@ -679,8 +730,10 @@ class Probe(Results, Viewable):
             values.update({k: arrays[v] for k, v in folded.items()})
         return values
 
-    def _recompute(self, site, key: str) -> dict[str, np.ndarray]:
-        """Every source value ``site`` keeps inside, from the inputs it received in the last run."""
+    def values_kept_inside(self, site, key: str) -> dict[str, np.ndarray]:
+        """Every source value the fused call site ``site`` keeps inside, by key, recomputed at
+        once from the inputs it received in the last run (``key``, the value asked for, names
+        it in errors).  Not cached: :meth:`get` caches; a streamed dump holds one site at a time."""
         inputs = self._site_inputs(site, self.imported.sources[key].display_name)
         places = self.kernel_map.places
         keys = [k for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR]
@@ -712,6 +765,14 @@ class Probe(Results, Viewable):
                                            "add it to run(..., capture=[...]) or use capture='all'")
                 values.append(held[j])
         return values
+
+    def can_recompute(self, site) -> bool:
+        """Whether the last run kept every input of the call site ``site``, so that what it
+        keeps inside can be recomputed (:meth:`values_kept_inside`) without an error."""
+        capture = self._require_run()
+        held = capture.untracked_inputs.get(site.index, {})
+        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
+                   for j, a in enumerate(site.args))
 
     def _node_output(self, index: int, output: int) -> np.ndarray:
         capture = self._require_run()

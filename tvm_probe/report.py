@@ -63,8 +63,8 @@ def _node_status(results, comparison):
     """Per node index: comparison status, and the worst max abs error of its compared values."""
     by_node: dict[int, list] = {}
     for v in comparison.values if comparison is not None else ():
-        value = results.sources_map.values.get(v.key)
-        by_node.setdefault(value.node_index if value else -1, []).append(v)
+        serving = results.servings.get(v.key)
+        by_node.setdefault(serving.node_index if serving else -1, []).append(v)
     first = comparison.first_divergent if comparison is not None else None
     status, worst = {}, {}
     for n in results.node_infos:
@@ -307,8 +307,8 @@ def _summary(results, comparison) -> str:
         out.append(f'<p id="verdict" class="{"pass" if comparison else "fail"}">{esc(comparison.verdict())}</p>')
         first = comparison.first_divergent
         if first is not None:
-            value = results.sources_map.values.get(first.key)
-            where = f" (graph node {value.node_index}, {esc(value.served.value)})" if value and value.served else ""
+            serving = results.servings.get(first.key)
+            where = f" (graph node {serving.node_index}, {esc(serving.served.value)})" if serving else ""
             out.append(f'<p>First divergent op: <code id="first-divergent">{esc(first.name)}</code>{where}</p>')
     findings = results.findings()
     if findings:

@@ -14,7 +14,7 @@ from .dtypes import nbytes as dtype_nbytes
 
 from .errors import ProbeError, ValueUnavailableError
 from .names import NameIndex
-from .sources import Served, SourceMap
+from .sources import Served, Servings, SourceMap
 
 
 @dataclass
@@ -46,12 +46,14 @@ class Results:
     """Values of one run, by source name.  See the module docstring."""
 
     sources_map: SourceMap
+    #: how each source value is served, by key: this build's (a dump's: the dumped run's build)
+    servings: Servings
     node_infos: list[NodeInfo]
     #: a dump read back (:class:`~tvm_probe.store.dump.DumpReader`), not a live run
     is_dump: bool = False
 
-    def _init_results(self, sources: SourceMap, nodes: list[NodeInfo]) -> None:
-        self.sources_map = sources
+    def _init_results(self, sources: SourceMap, servings: Servings, nodes: list[NodeInfo]) -> None:
+        self.sources_map, self.servings = sources, servings
         self.node_infos = nodes
         self._names = NameIndex(sources, sources.notes)
 
@@ -142,8 +144,7 @@ class Results:
     def served(self, name: str) -> Served:
         """How the value of ``name`` is obtained: a :class:`~tvm_probe.sources.Served`
         (captured, view, recomputed, constant, ...; equal to its word: ``== "recomputed"``)."""
-        value = self.sources_map[self.resolve(name)]
-        return value.served or Served.UNKNOWN
+        return self.servings[self.resolve(name)].served
 
     @property
     def sources(self):
@@ -154,10 +155,9 @@ class Results:
 
         rows = [{
             "name": v.display_name, "tensor": v.key, "op_type": v.op_type, "kind": v.kind.value,
-            "served": v.served.value if v.served else None, "node": v.node_index,
-            "shape": v.shape, "dtype": v.dtype,
+            "served": s.served.value, "node": s.node_index, "shape": v.shape, "dtype": v.dtype,
             "other_names": [f"{kind}:{n}" for kind, n in names_of(v) if n not in (v.display_name, v.key)],
-        } for v in self.sources_map]
+        } for v in self.sources_map for s in [self.servings[v.key]]]
         return pd.DataFrame(rows, columns=["name", "tensor", "op_type", "kind", "served", "node", "shape",
                                            "dtype", "other_names"])
 
@@ -192,11 +192,11 @@ class Results:
         return table
 
 
-def not_computed(value, why_unknown: str = "", known_limit: bool = False) -> ValueUnavailableError:
+def not_computed(value, served: Served, why_unknown: str = "", known_limit: bool = False) -> ValueUnavailableError:
     """The error for a value the compiled module does not hold: dead code (``UNAVAILABLE``), or
     a value tvm_probe could not place (``UNKNOWN``, with ``why_unknown``; ``known_limit``: a limit
     tvm_probe knows it has, not a surprise to report).  One wording for a probe and a dump."""
-    if value.served is Served.UNKNOWN:
+    if served is Served.UNKNOWN:
         report = "" if known_limit else ": please report this with the model"
         return ValueUnavailableError(
             f"tvm_probe cannot tell where the compiled module holds {value.display_name!r} "

@@ -47,8 +47,6 @@ class SourceValue:
         topo_index: position of the producing node in the source graph (-1 for inputs/weights).
         inputs: keys of the source values the producing node consumed.
         shape, dtype: as compiled; a symbolic dimension (dynamic axes) is its name, e.g. ``'batch'``.
-        served: see :class:`Served`; set once the model is compiled.
-        node_index: the graph node (kernel call) that outputs it or holds it inside, or -1.
         aliases: further names it answers to (e.g. parts of a name a converter merged).
         modules: module paths whose output it is (PyTorch models and their dynamo ONNX exports).
         origin: where the user's code made it (``file.py:line`` from PyTorch's stack trace), or ''.
@@ -63,8 +61,6 @@ class SourceValue:
     inputs: tuple[str, ...] = ()
     shape: tuple[int | str, ...] | None = None
     dtype: str | None = None
-    served: Served | None = None
-    node_index: int = -1
     num_outputs: int = 1
     aliases: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
@@ -93,8 +89,7 @@ class SourceValue:
             "output_index": self.output_index, "num_outputs": self.num_outputs,
             "kind": self.kind.value, "topo_index": self.topo_index, "inputs": list(self.inputs),
             "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
-            "served": None if self.served is None else self.served.value,
-            "node_index": self.node_index, "aliases": list(self.aliases),
+            "aliases": list(self.aliases),
             "modules": list(self.modules), "origin": self.origin,
         }
 
@@ -108,11 +103,43 @@ class SourceValue:
             inputs=tuple(str(i) for i in rec["inputs"]),
             shape=None if rec["shape"] is None else tuple(d if isinstance(d, str) else int(d) for d in rec["shape"]),
             dtype=None if rec["dtype"] is None else str(rec["dtype"]),
-            served=None if rec["served"] is None else Served(rec["served"]),
-            node_index=int(rec["node_index"]),
             aliases=tuple(str(a) for a in rec.get("aliases", ())),
             modules=tuple(str(m) for m in rec.get("modules", ())), origin=str(rec.get("origin", "")),
         )
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How one build serves one source value: a fact of the build, not of the source model.
+
+    One imported model compiled with two pipelines serves a value in two ways (captured in one,
+    recomputed inside a fused kernel in the other), so this is kept in a table per build
+    (:func:`tvm_probe.kernel_map.classify`; a dump records the one of its run), never on the
+    :class:`SourceValue`.
+
+    Attributes:
+        served: see :class:`Served`.
+        node_index: the graph node that outputs it or holds it inside (for an input, its input
+            node), or -1.
+    """
+
+    served: Served
+    node_index: int = -1
+
+    def to_record(self) -> dict:
+        """The two fields of a dump's source record (the inverse of :meth:`from_record`)."""
+        return {"served": self.served.value, "node_index": self.node_index}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Serving":
+        """Read from a dump's source record (raises KeyError/ValueError/TypeError if malformed)."""
+        # (a record without a classification would be a value the build never placed)
+        served = Served.UNKNOWN if rec["served"] is None else Served(rec["served"])
+        return cls(served, int(rec["node_index"]))
+
+
+#: Source key → how one build serves it (see :class:`Serving`).
+Servings = dict[str, Serving]
 
 
 @dataclass
@@ -126,6 +153,15 @@ class SourceMap:
 
     def add(self, value: SourceValue) -> None:
         self.values[value.key] = value
+        self.__dict__.pop("_positions", None)
+
+    def in_order(self, keys) -> list[SourceValue]:
+        """The values of ``keys`` present here, in source order (without a pass over every
+        value: a generation compare asks for a few dozen of a few hundred, many times)."""
+        positions = self.__dict__.get("_positions")
+        if positions is None or len(positions) != len(self.values):
+            positions = self.__dict__["_positions"] = {k: i for i, k in enumerate(self.values)}
+        return [self.values[k] for k in sorted((k for k in keys if k in positions), key=positions.__getitem__)]
 
     def __getitem__(self, key: str) -> SourceValue:
         return self.values[key]
@@ -140,7 +176,7 @@ class SourceMap:
         return len(self.values)
 
     def copy(self) -> "SourceMap":
-        """An independent copy: each build classifies (``served``, ``node_index``) its own."""
+        """An independent copy (to change some values without touching the original's)."""
         from dataclasses import replace
 
         out = SourceMap(model_inputs=list(self.model_inputs), model_outputs=list(self.model_outputs),

@@ -77,8 +77,9 @@ def verify(probe, inputs) -> Verification:
         if value.kind is not Kind.VALUE:
             out.unchecked[value.key] = f"a {value.kind.value} of the source model{_NOT_COMPUTED}"
             continue
-        if value.served in (Served.UNAVAILABLE, Served.UNKNOWN):
-            out.unchecked[value.key] = f"not served ({value.served.value})"
+        served = probe.servings[value.key].served
+        if served in (Served.UNAVAILABLE, Served.UNKNOWN):
+            out.unchecked[value.key] = f"not served ({served.value})"
             continue
         if value.key not in reference:
             out.unchecked[value.key] = "the unfused build holds no run-time value for it"
@@ -86,7 +87,7 @@ def verify(probe, inputs) -> Verification:
         out.checked += 1
         problem = _difference(probe.get_tensor(value.key), reference[value.key])
         if problem:
-            out.mismatches.append(Mismatch(value.key, value.display_name, value.served.value, problem))
+            out.mismatches.append(Mismatch(value.key, value.display_name, served.value, problem))
     log.info(out.summary())
     return out
 
@@ -112,15 +113,15 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
 
     built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]
-    sites, _, produced = call_sites(main)
+    calls = call_sites(main)
     params = {p: i for i, p in enumerate(main.params)}
-    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(built.snapshots), branches=branch_calls(main))
+    kmap = KernelMap(sites=calls.sites, helper_symbols=helper_symbols(built.snapshots), branches=branch_calls(main))
     capture = DebugExecutor(built, kmap).run(arrays, CapturePlan())
     values = {}
     for var, keys in imported.var_keys.items():
-        if var in produced:
-            site, k = produced[var]
-            array = capture.outputs[site][k]
+        if var in calls.produced:
+            out = calls.produced[var]
+            array = capture.outputs[out.site][out.output]
         elif var in params:
             array = arrays[params[var]]
         else:

@@ -126,8 +126,9 @@ def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
     for value in results.sources_map:
         if value.kind not in (Kind.VALUE, Kind.INPUT):
             continue
-        served = value.served.value if value.served else "unknown"
-        node = results.node_infos[value.node_index] if 0 <= value.node_index < len(results.node_infos) else None
+        serving = results.servings[value.key]
+        served = serving.served.value
+        node = results.node_infos[serving.node_index] if 0 <= serving.node_index < len(results.node_infos) else None
         status = "model input" if value.kind is Kind.INPUT else Status.UNCHECKED.value
         fact = ValueFacts(key=value.key, name=value.display_name, status=status, served=served)
         if node is not None and node.op != "null":
@@ -135,7 +136,7 @@ def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
             fact.kernel_ns = kernel_group(node)
             fact.time_us = node.time_us
         else:
-            fact.kernel_ns = _OUTSIDE.get(value.served, "inputs" if value.kind is Kind.INPUT else "unknown")
+            fact.kernel_ns = _OUTSIDE.get(serving.served, "inputs" if value.kind is Kind.INPUT else "unknown")
         cmp = compared.get(value.key)
         if cmp is not None:
             fact.status = (Status.FIRST_DIVERGENT if value.key == first else Status.PASSED if cmp.passed

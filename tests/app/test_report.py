@@ -32,7 +32,7 @@ def passing(bert_probe, bert_reference):
 def failing(bert_probe, bert_reference):
     """A comparison whose first divergent value is a mid-model kernel value (reference + 1.0)."""
     values = [v for v in compare(bert_probe, bert_reference).values
-              if bert_probe.sources_map[v.key].node_index >= 0 and v.served in ("captured", "recomputed")]
+              if bert_probe.servings[v.key].node_index >= 0 and v.served in ("captured", "recomputed")]
     target = values[len(values) // 2]
     tampered = dict(bert_reference)
     tampered[target.key] = bert_reference[target.key] + 1.0
@@ -149,7 +149,7 @@ def test_html_is_self_contained_and_well_formed(bert_probe, passing, tmp_path):
 
 def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path):
     first = failing.first_divergent
-    node = bert_probe.sources_map[first.key].node_index
+    node = bert_probe.servings[first.key].node_index
     dot = report.to_dot(bert_probe, failing)
     check_dot(dot, len(bert_probe.node_infos))
     red = re.findall(rf'^  (n\d+) \[fillcolor="{report.FILL["first divergent"]}"', dot, re.M)

@@ -365,14 +365,16 @@ def test_the_own_layout_keeps_200_kernels_apart():
     """A 200-kernel graph with branches and long skips: no two boxes overlap, every edge joins boxes."""
     from tvm_probe import report
     from tvm_probe.results import NodeInfo, Results
-    from tvm_probe.sources import SourceMap, SourceValue
+    from tvm_probe.sources import Served, Serving, SourceMap, SourceValue
 
     rng = np.random.default_rng(0)
     sources, nodes = SourceMap(), [NodeInfo(index=0, name="x", op="null", output_keys=[["x"]])]
+    servings = {"x": Serving(Served.INPUT)}
     sources.add(SourceValue(key="x"))
     for i in range(1, 201):
         key = f"layer_{i // 10}/block/op_{i}"
-        sources.add(SourceValue(key=key, node_index=i))
+        sources.add(SourceValue(key=key))
+        servings[key] = Serving(Served.CAPTURED, i)
         inputs = {(i - 1, 0)} | ({(int(rng.integers(max(0, i - 12), i)), 0)} if i % 3 == 0 else set())
         nodes.append(NodeInfo(index=i, name=f"fused_op_{i % 7}", op="tvm_op", symbol=f"fused_op_{i % 7}",
                               occurrence=i // 7, inputs=sorted(inputs), output_keys=[[key]]))
@@ -381,7 +383,7 @@ def test_the_own_layout_keeps_200_kernels_apart():
         pass
 
     run = Run()
-    run._init_results(sources, nodes)
+    run._init_results(sources, servings, nodes)
     svg = report.layout_svg(run)
     rects = [tuple(map(float, m)) for m in re.findall(
         r'<rect x="([-\d.]+)" y="([-\d.]+)" width="([\d.]+)" height="([\d.]+)"', svg)]

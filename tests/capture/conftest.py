@@ -15,5 +15,5 @@ def probed(request, bert_model, bert_inputs):
     probe = Probe.from_onnx(bert_model, pipeline=request.param)
     outputs = probe.run(bert_inputs)
     served = {v.key: probe.get_tensor(v.key) for v in probe.sources_map
-              if v.served in (Served.CAPTURED, Served.RECOMPUTED)}
+              if probe.servings[v.key].served in (Served.CAPTURED, Served.RECOMPUTED)}
     return probe, outputs, served

@@ -37,7 +37,7 @@ def test_selected_values_through_the_hook_equal_the_instrument_run(probed, bert_
 
 def test_a_value_kept_inside_a_kernel_is_recomputed_from_hooked_inputs(probed, bert_inputs):
     probe, _, served = probed
-    interior = [k for k in served if probe.sources_map[k].served is Served.RECOMPUTED]
+    interior = [k for k in served if probe.servings[k].served is Served.RECOMPUTED]
     if not interior:
         pytest.skip("this pipeline fuses nothing away")
     probe.run(bert_inputs, capture=[interior[0]])

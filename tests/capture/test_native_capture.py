@@ -24,8 +24,8 @@ from tvm_probe import Probe, ProbeError
 from tvm_probe.capture import INSTRUMENT_ENV, CapturePlan, DebugExecutor
 from tvm_probe.errors import TVMBehaviourChanged
 from tvm_probe.kernel_map import ArgKind, ArgSource, KernelMap
+from support.native_tools import HAS_TOOLS
 
-HAS_TOOLS = shutil.which(os.environ.get("CXX", "c++")) is not None and shutil.which("ninja") is not None
 needs_native = pytest.mark.skipif(not HAS_TOOLS,
                                   reason="no C++ compiler or ninja: only the Python instrument exists")
 WANTED = "layer_._0/attention/self/MatMul"  # fused away under "fused": needs its kernel's inputs

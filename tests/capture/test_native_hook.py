@@ -48,7 +48,7 @@ def test_views_are_captured_through_their_hooked_builtin(probed, bert_inputs):
 
 def test_a_selection_copies_only_its_kernels(probed, bert_inputs):
     probe, _, served = probed
-    captured = [k for k in served if probe.sources_map[k].served is Served.CAPTURED]
+    captured = [k for k in served if probe.servings[k].served is Served.CAPTURED]
     wanted = captured[len(captured) // 2]
     probe.run(bert_inputs, capture=[wanted])
     assert probe.instrument == HOOK

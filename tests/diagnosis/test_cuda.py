@@ -106,7 +106,7 @@ def cpu_probe(bert1):
 @pytest.mark.parametrize("instrument", ["python", "native"])
 def test_the_device_sync_path_captures_the_same_bytes(instrument, bert1, cpu_probe):
     """Device sync around each call (what a GPU run does), exercised on the CPU: same captures."""
-    from test_native_capture import HAS_TOOLS
+    from support.native_tools import HAS_TOOLS
 
     if instrument == "native" and not HAS_TOOLS:
         pytest.skip("no C++ compiler or ninja")

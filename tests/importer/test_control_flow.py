@@ -88,19 +88,19 @@ def test_values_outside_the_branches_equal_onnxruntime_on_both_branches(model, p
         for value in probe.sources_map:
             if value.kind in (Kind.INPUT, Kind.PARAM):
                 continue
-            if value.served is Served.UNKNOWN:
+            if probe.servings[value.key].served is Served.UNKNOWN:
                 with pytest.raises(ProbeError, match="If"):  # one line saying why
                     probe.get_tensor(value.key)
                 continue
-            assert value.served is not Served.UNAVAILABLE, value.key  # nothing here is dead code
+            assert probe.servings[value.key].served is not Served.UNAVAILABLE, value.key  # nothing here is dead code
             got = probe.get_tensor(value.key)
             assert got.shape == ref[value.key].shape and within(got, ref[value.key], TOL).all(), (branch, value.key)
             served += 1
     # y, s, c, c2 (read by the branches), side and out at least; z1 / z2 are the If's results
     assert served >= 2 * 6
     for key in ("y", "s", "c", "c2", "side", "out"):
-        assert probe.sources_map[key].served is not Served.UNKNOWN, key
-    assert probe.sources_map["z1"].served is Served.UNKNOWN
+        assert probe.servings[key].served is not Served.UNKNOWN, key
+    assert probe.servings["z1"].served is Served.UNKNOWN
     assert "result of an If" in probe.kernel_map.lost["z1"]
 
 
@@ -108,7 +108,7 @@ def test_a_kernel_the_branches_call_unequally_is_unknown_after_the_if_with_why(m
     probe = Probe.from_onnx(model)
     probe.run({"x": INPUTS["then"]})
     # after_relu is the Relu kernel only the then branch calls: which call is it depends on the branch
-    assert probe.sources_map["r"].served is Served.UNKNOWN
+    assert probe.servings["r"].served is Served.UNKNOWN
     with pytest.raises(ProbeError, match="after an If whose branches call that kernel unequally often") as err:
         probe.get("after_relu")
     assert "please report" not in str(err.value)  # a limit tvm_probe knows, not a surprise
@@ -147,7 +147,7 @@ def test_kernels_both_branches_call_equally_are_served_after_the_if(pipeline):
         ref = onnxruntime_values(model, {"x": x})
         probe.run({"x": x})
         for key in ("a", "b", "tb", "s", "c", "z", "d", "r", "out"):
-            assert probe.sources_map[key].served not in (Served.UNKNOWN, Served.UNAVAILABLE), (pipeline, key)
+            assert probe.servings[key].served not in (Served.UNKNOWN, Served.UNAVAILABLE), (pipeline, key)
             assert within(probe.get_tensor(key), ref[key], TOL).all(), (pipeline, branch, key)
         assert probe.verify({"x": x})  # and against TVM's own unfused build
     # z, the If's result, is the output of the Tanh call that ends whichever branch runs

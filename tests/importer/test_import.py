@@ -64,7 +64,7 @@ def test_multi_output_node_answers_to_node_colon_k_and_tensor_names(pipeline):
     with pytest.raises(AmbiguousNameError, match="node 'blk/split' has 2 outputs: name one of 'blk/split:0', 'blk/split:1'"):
         probe.get("blk/split")
     if pipeline == "default":
-        node = probe.sources_map["b"].node_index
+        node = probe.servings["b"].node_index
         np.testing.assert_array_equal(probe.get_node_output(node, 1), ref["b"])
 
 

@@ -30,9 +30,10 @@ def assert_served_right(probe, reference, live) -> dict[str, int]:
     for value in probe.sources_map:
         if value.kind in (Kind.INPUT, Kind.PARAM):
             continue
-        counts[value.served.value] = counts.get(value.served.value, 0) + 1
-        assert value.served is not Served.UNKNOWN, (value.display_name, probe.kernel_map.lost.get(value.key))
-        if value.served is Served.UNAVAILABLE:
+        served = probe.servings[value.key].served
+        counts[served.value] = counts.get(served.value, 0) + 1
+        assert served is not Served.UNKNOWN, (value.display_name, probe.kernel_map.lost.get(value.key))
+        if served is Served.UNAVAILABLE:
             assert value.key not in live, f"{value.display_name} is live but was called dead code"
             continue
         if value.key not in reference:
@@ -40,7 +41,7 @@ def assert_served_right(probe, reference, live) -> dict[str, int]:
         got, ref = probe.get_tensor(value.key), reference[value.key]
         assert got.shape == ref.shape, value.display_name
         assert within(got, ref, TOL).all(), (
-            f"{value.display_name} ({value.served.value}): max abs error "
+            f"{value.display_name} ({served.value}): max abs error "
             f"{np.abs(got.astype(np.float64) - ref).max():.3g}")
     return counts
 
@@ -294,7 +295,7 @@ def test_verify_catches_a_wrong_mapping(pipeline):
         places["b"], places["c"] = places["c"], places["b"]
     else:  # fused: b lives inside c's kernel; point b at the kernel's output instead
         places["b"] = replace(places["c"])
-    classify(probe.sources_map, probe.kernel_map, probe.num_input_nodes)
+    probe.servings.update(classify(probe.sources_map, probe.kernel_map, probe.num_input_nodes))
     result = probe.verify(inputs)
     assert not result and [m.name for m in result.mismatches] == ["b"] + (
         ["c"] if pipeline == "default" else [])

@@ -25,7 +25,8 @@ def test_every_value_matches_onnxruntime(bert_probe, bert_reference, record_prop
         ref = bert_reference[value.key]
         assert got.shape == ref.shape, value.display_name
         np.testing.assert_allclose(got, ref, rtol=0, atol=ATOL, err_msg=value.display_name)
-        served[value.served.value] = served.get(value.served.value, 0) + 1
+        how = bert_probe.servings[value.key].served.value
+        served[how] = served.get(how, 0) + 1
     record_property("served", served)
     SERVED_COUNTS[bert_probe.pipeline] = served
     assert "unavailable" not in served
@@ -41,7 +42,7 @@ def test_fused_kernels_shared_between_layers_map_per_call_site(bert_probe, bert_
     if bert_probe.pipeline != "fused":
         pytest.skip("sharing only happens when FuseOps runs")
     name = "layer_._{}/attention/self/query/MatMul"
-    nodes = [bert_probe.sources_map[bert_probe.resolve(name.format(i))].node_index for i in (0, 1)]
+    nodes = [bert_probe.servings[bert_probe.resolve(name.format(i))].node_index for i in (0, 1)]
     symbols = [bert_probe.node_infos[n].symbol for n in nodes]
     assert symbols[0] == symbols[1], "both layers call one shared grouped kernel"
     assert nodes[0] != nodes[1]
@@ -175,7 +176,7 @@ def test_a_run_that_will_recompute_builds_the_cuts_alongside_itself(bert_model, 
     probe.run(bert_inputs, capture="layer_._0/attention/self/Softmax")  # a kernel output: nothing to recompute
     assert probe._recomputer._vm is None
     wanted = "layer_._1/attention/self/query/MatMul"
-    assert probe.imported.sources[probe.resolve(wanted)].served.value == "recomputed"
+    assert probe.servings[probe.resolve(wanted)].served.value == "recomputed"
     probe.run(bert_inputs, capture=[wanted])
     vm = probe._recomputer._vm
     assert vm is not None

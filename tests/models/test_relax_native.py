@@ -145,3 +145,42 @@ def test_selective_capture_across_functions():
         np.testing.assert_allclose(p.get("e"), normalize_ref(encode_ref(x)["o"])["e"], rtol=1e-5)
     with pytest.raises(ProbeError, match="not captured"):
         p.get("r", call=len(p.calls) - 2)  # encode's, not asked for
+
+
+@pytest.mark.parametrize("pipeline", ["default", "fused"])
+def test_repeated_calls_with_tensors_keep_every_calls_values(pipeline):
+    """A call repeated with the same selection and arguments passed as tensors runs through the
+    executor's prepared FastCall; each call's values stay its own (their copies are cut from
+    shared chunks of memory) and equal numpy's maths."""
+    from tvm_probe.kernel_hook import HOOK
+
+    p = Probe.from_relax(two_functions(), params={"w": W}, pipeline=pipeline)
+    xs = [RNG.standard_normal((2, 4)).astype("float32") for _ in range(6)]
+    for x in xs:
+        p.call("encode", tvm.runtime.tensor(x), capture=["h", "r"])
+    assert p.functions["encode"]._executor.fast_calls, "later calls did not take the prepared path"
+    assert p.call_record().capture.instrument == HOOK
+    for k, x in enumerate(xs):
+        for name in ("h", "r"):
+            np.testing.assert_allclose(p.get(name, call=k), encode_ref(x)[name], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name}, call {k}")
+
+
+def test_a_prepared_call_that_sees_other_kernel_calls_is_not_repeated():
+    """A hooked call whose kernels were called other than the kernel map says has run already:
+    what it was given as it is (tensors, a KV cache) may have changed, so it is refused in one
+    line instead of being run a second time; later calls go through TVM's instrument."""
+    from tvm_probe.errors import TVMBehaviourChanged
+    from tvm_probe.kernel_hook import HOOK
+
+    p = Probe.from_relax(two_functions(), params={"w": W})
+    x = tvm.runtime.tensor(XS[0])
+    for _ in range(3):
+        p.call("encode", x, capture=["h"])
+    (fast,) = p.functions["encode"]._executor.fast_calls.values()
+    fast._expected += 1  # as if TVM called the hooked kernel once less than the map has it
+    with pytest.raises(TVMBehaviourChanged, match="not repeated"):
+        p.call("encode", x, capture=["h"])
+    p.call("encode", x, capture=["h"])
+    assert p.call_record().capture.instrument != HOOK
+    np.testing.assert_allclose(p.get("h"), encode_ref(XS[0])["h"], rtol=1e-5, atol=1e-6)

@@ -115,7 +115,7 @@ def test_getitem_of_a_tuple_literal_stays_served(cnn_probes, pipeline):
     """max_pool2d_with_indices becomes a Relax tuple literal; the pipeline drops its getitem."""
     probe = cnn_probes[pipeline]
     assert probe.served("getitem_9") in ("captured", "recomputed")
-    assert [v.key for v in probe.imported.sources if v.served.value == "unavailable"] == []
+    assert [k for k, s in probe.servings.items() if s.served.value == "unavailable"] == []
 
 
 def test_module_output_rule():

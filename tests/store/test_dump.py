@@ -13,7 +13,7 @@ import pytest
 
 from tvm_probe import CorruptDumpError, DumpError, DumpExistsError, load_dump
 from tvm_probe.results import NodeInfo
-from tvm_probe.sources import Kind, Served, SourceMap, SourceValue
+from tvm_probe.sources import Kind, Served, Serving, SourceMap, SourceValue
 from tvm_probe.store.dump import GRAPH, MANIFEST, TENSORS, TRACE, DumpContent, write_dump
 from tvm_probe.store.graph import EXTRA, graph_json, read_graph
 
@@ -141,7 +141,7 @@ def test_dump_round_trip_equals_the_live_probe(dumped):
     reader = load_dump(root)
     checked = 0
     for value in probe.sources_map:
-        if value.served in (Served.UNAVAILABLE,) or value.kind.value == "param":
+        if probe.servings[value.key].served is Served.UNAVAILABLE or value.kind.value == "param":
             continue
         np.testing.assert_array_equal(reader.get(value.key), probe.get(value.key), err_msg=value.key)
         checked += 1
@@ -283,14 +283,14 @@ def one_kernel_content(n: int) -> tuple[DumpContent, np.ndarray, np.ndarray]:
     x = np.linspace(-1, 1, n, dtype=np.float32)
     y = np.exp(x)
     sources = SourceMap(model_inputs=["x"], model_outputs=["y"])
-    sources.add(SourceValue("x", op_type="Input", kind=Kind.INPUT, shape=(n,), dtype="float32",
-                            served=Served.INPUT, node_index=0))
+    sources.add(SourceValue("x", op_type="Input", kind=Kind.INPUT, shape=(n,), dtype="float32"))
     sources.add(SourceValue("y", node="Exp", op_type="Exp", kind=Kind.VALUE, topo_index=0, inputs=("x",),
-                            shape=(n,), dtype="float32", served=Served.CAPTURED, node_index=1))
+                            shape=(n,), dtype="float32"))
+    servings = {"x": Serving(Served.INPUT, 0), "y": Serving(Served.CAPTURED, 1)}
     nodes = [NodeInfo(0, "x", "null", out_shapes=[(n,)], out_dtypes=["float32"], output_keys=[["x"]]),
              NodeInfo(1, "fused_exp", "tvm_op", symbol="fused_exp", inputs=[(0, 0)], out_shapes=[(n,)],
                       out_dtypes=["float32"], output_keys=[["y"]], start_us=0.0, time_us=3.5)]
-    content = DumpContent(sources=sources, nodes=nodes, node_outputs={0: [x], 1: [y]}, values={}, device="CPU_0",
+    content = DumpContent(sources=sources, servings=servings, nodes=nodes, node_outputs={0: [x], 1: [y]}, values={}, device="CPU_0",
                           model_hash="", target="llvm", pipeline="default", total_us=3.5)
     return content, x, y
 

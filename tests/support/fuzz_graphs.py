@@ -334,7 +334,7 @@ def check_probe(probe, model, inputs, other_inputs) -> list[str]:
     for value in probe.sources_map:
         if value.kind in (Kind.INPUT, Kind.PARAM):
             continue
-        key, served = value.key, value.served
+        key, served = value.key, probe.servings[value.key].served
         if served is Served.UNKNOWN:
             problems.append(f"{key}: unknown ({probe.kernel_map.lost.get(key)})")
             continue

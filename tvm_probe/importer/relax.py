@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,13 @@ from .relax_values import tensor_info
 
 #: Parameter kinds that are not tensors; an InputSpec of one has this as its dtype.
 OBJECT, TUPLE, SHAPE, PRIM = "object", "tuple", "shape", "prim"
+
+
+class ParamItem(NamedTuple):
+    """Element ``element`` of the tuple passed as parameter ``param`` (by position)."""
+
+    param: int
+    element: int
 
 
 @dataclass
@@ -49,8 +56,8 @@ class FunctionModel(ImportedModel):
         params: every parameter of the function, in order: ``(name, InputSpec)``.
         held: parameter position → the weight the probe passes there (``params=``); the
             caller passes the other parameters, in order (:attr:`inputs`).
-        param_items: source key → ``(parameter position, element)`` for the elements of tuple
-            parameters that have names (packed weights).
+        param_items: source key → :class:`ParamItem` for the elements of tuple parameters that
+            have names (packed weights).
         module_paths: ``{path: key}`` of the module paths recorded for this function (nn).
     """
 
@@ -242,8 +249,8 @@ def with_module_paths(model: FunctionModel, paths: Mapping[str, Any]) -> Functio
     return replace(model, module_paths=found)
 
 
-def _param_item(func, value, item_names) -> tuple[int, int] | None:
-    """``(parameter position, element)`` when ``value`` reads a named element of a tuple parameter."""
+def _param_item(func, value, item_names) -> ParamItem | None:
+    """The parameter element ``value`` reads, when it reads a named element of a tuple parameter."""
     from tvm import relax
 
     if not isinstance(value, relax.TupleGetItem) or not isinstance(value.tuple_value, relax.Var):
@@ -251,7 +258,7 @@ def _param_item(func, value, item_names) -> tuple[int, int] | None:
     owner = next((i for i, p in enumerate(func.params) if p.same_as(value.tuple_value)), None)
     if owner is None or not item_names.get(owner) or int(value.index) >= len(item_names[owner]):
         return None
-    return owner, int(value.index)
+    return ParamItem(owner, int(value.index))
 
 
 def _spec(name: str, param) -> InputSpec:
@@ -335,18 +342,17 @@ def hold_on_device(models: Mapping[str, FunctionModel], device) -> None:
         model.held = {i: on_device(v) for i, v in model.held.items()}
 
 
-def place_arguments(model: FunctionModel, kmap) -> None:
-    """After ``classify``: inputs are read from the call's arguments by parameter position (a
-    function's arguments include objects, which are no source values), and the named elements
-    of a tuple of weights from that tuple."""
-    from ..sources import Served
+def place_arguments(model: FunctionModel, kmap, servings) -> None:
+    """After ``classify``, in its table ``servings``: inputs are read from the call's arguments
+    by parameter position (a function's arguments include objects, which are no source values),
+    and the named elements of a tuple of weights from that tuple."""
+    from ..sources import Served, Serving
 
     position = {keys[0]: i for i, p in enumerate(model.mod["main"].params)
                 for keys in [model.var_keys.get(p)] if keys}
     for value in model.sources:
         if value.kind is Kind.INPUT and value.key in position:
-            value.node_index = position[value.key]
-    for key, (i, _) in model.param_items.items():
-        value = model.sources[key]
-        value.served, value.node_index = Served.INPUT, i
+            servings[value.key] = Serving(servings[value.key].served, position[value.key])
+    for key, item in model.param_items.items():
+        servings[key] = Serving(Served.INPUT, item.param)
         kmap.lost.pop(key, None)

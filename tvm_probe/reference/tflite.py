@@ -197,13 +197,12 @@ def _exact_names(results) -> dict[str, str]:
 def _compare_one(results, key: str, tf_name: str, ref: np.ndarray, converted, tolerance, out: Comparison) -> None:
     from ..errors import ProbeError
 
-    value = results.sources_map[key]
     try:
         got = results.get_tensor(key)
     except ProbeError as err:
         out.unchecked[tf_name] = str(err)
         return
-    cmp = compare_arrays(key, tf_name, value.served.value if value.served else "", got, ref, tolerance)
+    cmp = compare_arrays(key, tf_name, results.servings[key].served.value, got, ref, tolerance)
     notes = [cmp.note] if cmp.note else []
     if tf_name not in (key, f"{key}:0") and ";" in key:
         notes.append(f"one of the merged names of {key!r}: the tensor holds the fused op's output")

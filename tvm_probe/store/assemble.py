@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernel_map import ArgKind
 from ..sources import Kind, Served
 
 # stored as node outputs, or nothing to store
@@ -41,7 +40,7 @@ def dump_probe(probe, path: Path, opts: DumpOptions) -> Path:
     """Write ``probe``'s last run to ``path`` (see :meth:`Probe.dump`)."""
     from .dump import write_dump
 
-    capture = probe._require_run()
+    capture = probe.last_capture
     outputs = {i: [_host(a)] for i, a in enumerate(capture.inputs) if _is_tensor(a)}
     outputs.update({probe.num_input_nodes + s: outs for s, outs in capture.outputs.items()})
     keys = value_keys(probe, opts)
@@ -72,7 +71,7 @@ def dump_calls(probe, path: Path, opts: DumpOptions) -> Path:
     (tmp / "calls").mkdir(parents=True)
     listed = []
     try:
-        for record in probe._calls:
+        for record in probe.call_records:
             if record.capture is None:  # dropped by forget_calls: listed, without values
                 listed.append({"call": record.index, "function": record.function, "folder": None})
                 continue
@@ -102,8 +101,14 @@ def _host(value):
     return value if isinstance(value, np.ndarray) else value.numpy()
 
 
-def run_streaming(probe, arrays, plan, wanted, path: Path, opts: DumpOptions):
-    """One run whose copies go straight into a dump at ``path``; returns the Capture."""
+def run_streaming(probe, arrays, plan, path: Path, opts: DumpOptions, execute, serve):
+    """One run whose copies go straight into a dump at ``path``; returns the Capture.
+
+    ``probe`` (a live :class:`~tvm_probe.Probe`) says how the run goes: ``execute(sink)`` runs
+    its executable once, handing each copied call site's outputs to ``sink`` as produced, and
+    ``serve(capture)`` makes that run the one ``probe`` serves values from (the values the dump
+    stores besides node outputs are read from it).
+    """
     from .dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
 
     n_in, nodes = probe.num_input_nodes, probe.node_infos
@@ -119,9 +124,9 @@ def run_streaming(probe, arrays, plan, wanted, path: Path, opts: DumpOptions):
             for j, out in enumerate(outs):
                 writer.write_tensor(tensor_key(nodes[node].name, node, j), out)
 
-        capture = probe._executor.run(arrays, plan, sink=sink)
+        capture = execute(sink)
         capture.outputs = StreamedOutputs(writer.close_tensors(), nodes, n_in)
-        probe._accept(capture, wanted)
+        serve(capture)
         keys = value_keys(probe, opts)
         writer.finish(dump_content(probe, {}, {}, opts, keys), values(probe, keys, cache=False))
         writer.commit()
@@ -132,10 +137,10 @@ def dump_content(probe, outputs, held_values, opts: DumpOptions, keys=None):
     """The :class:`~tvm_probe.store.dump.DumpContent` of ``probe``'s last run."""
     from .dump import DumpContent
 
-    capture = probe._require_run()
+    capture = probe.last_capture
     wanted = probe.captured_keys
     return DumpContent(
-        sources=probe.sources_map, nodes=probe.node_infos, node_outputs=outputs, values=held_values,
+        sources=probe.sources_map, servings=probe.servings, nodes=probe.node_infos, node_outputs=outputs, values=held_values,
         device=probe.device_label, model_hash=probe.model_hash,
         target=str(probe.built.target), pipeline=probe.built.pipeline,
         total_us=capture.total_us if opts.timings else None, timings=opts.timings,
@@ -147,22 +152,22 @@ def dump_content(probe, outputs, held_values, opts: DumpOptions, keys=None):
 
 def value_keys(probe, opts: DumpOptions) -> list[str]:
     """Keys of the values a dump stores besides node outputs, grouped by the site computing them."""
-    kmap, wanted = probe.kernel_map, probe.captured_keys
+    kmap, wanted, servings = probe.kernel_map, probe.captured_keys, probe.servings
     keys = []
     for value in probe.sources_map:
-        if value.served in _NOT_VALUES:
+        served = servings[value.key].served
+        if served in _NOT_VALUES:
             continue
         if value.kind is Kind.PARAM and not opts.include_weights:
             continue
-        if value.served is Served.RECOMPUTED and not opts.recomputed:
+        if served is Served.RECOMPUTED and not opts.recomputed:
             continue
-        if value.served in (Served.RECOMPUTED, Served.FOLDED) and wanted is not None and value.key not in wanted:
+        if served in (Served.RECOMPUTED, Served.FOLDED) and wanted is not None and value.key not in wanted:
             continue
-        if value.served is Served.RECOMPUTED and not _inputs_captured(probe, kmap.sites[kmap.site_of(value.key)]):
+        if served is Served.RECOMPUTED and not probe.can_recompute(kmap.sites[kmap.site_of(value.key)]):
             continue
         keys.append(value.key)
-    sources = probe.sources_map
-    return sorted(keys, key=lambda k: kmap.site_of(k) if sources[k].served is Served.RECOMPUTED else -1)
+    return sorted(keys, key=lambda k: kmap.site_of(k) if servings[k].served is Served.RECOMPUTED else -1)
 
 
 def values(probe, keys, cache: bool = True):
@@ -173,18 +178,11 @@ def values(probe, keys, cache: bool = True):
     kmap = probe.kernel_map
     current, held = None, {}
     for key in keys:
-        if cache or probe.sources_map[key].served is not Served.RECOMPUTED:
+        if cache or probe.servings[key].served is not Served.RECOMPUTED:
             yield key, probe.get_tensor(key)
             continue
         site = kmap.site_of(key)
         if site != current:
-            current, held = site, probe._recompute(kmap.sites[site], key)
+            current, held = site, probe.values_kept_inside(kmap.sites[site], key)
         yield key, held[key]
 
-
-def _inputs_captured(probe, site) -> bool:
-    """Whether the last run kept every input of ``site`` (so what it keeps inside can be recomputed)."""
-    capture = probe._require_run()
-    held = capture.untracked_inputs.get(site.index, {})
-    return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
-               for j, a in enumerate(site.args))

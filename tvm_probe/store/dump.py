@@ -42,7 +42,7 @@ import numpy as np
 from .. import __version__
 from ..errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
 from ..results import NodeInfo, Results, not_computed
-from ..sources import Kind, Served, SourceMap, SourceValue
+from ..sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
 from ..viewable import Viewable
 from . import graph as graph_layout
 from . import legacy, paramdict
@@ -68,6 +68,7 @@ class DumpContent:
     """
 
     sources: SourceMap
+    servings: Servings
     nodes: list[NodeInfo]
     node_outputs: dict[int, list[np.ndarray]]
     values: dict[str, np.ndarray]
@@ -153,7 +154,7 @@ class DumpWriter:
                     indent=4)
         _write_json(self.device_dir / TRACE, graph_layout.chrome_trace(content.nodes if content.timings else []))
         _write_json(self.device_dir / SOURCES, {
-            "sources": [v.to_record() for v in content.sources],
+            "sources": [{**v.to_record(), **content.servings[v.key].to_record()} for v in content.sources],
             "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
             "name_notes": content.sources.notes, "import_fixes": content.import_fixes,
             "compile_warnings": content.compile_warnings, "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
@@ -302,9 +303,10 @@ class DumpReader(Results, Viewable):
         self.device = device_dir.name.removeprefix(DEVICE_DIR_PREFIX)
         meta = self._json(device_dir / SOURCES)
         with self._malformed(device_dir.name, "graph or sources JSON", "write the dump again"):
-            sources = SourceMap()
+            sources, servings = SourceMap(), {}
             for rec in meta["sources"]:
                 sources.add(SourceValue.from_record(rec))
+                servings[str(rec["key"])] = Serving.from_record(rec)
             sources.model_inputs = list(meta["model_inputs"])
             sources.model_outputs = list(meta["model_outputs"])
             sources.notes = {str(k): str(v) for k, v in (meta.get("name_notes") or {}).items()}
@@ -314,12 +316,12 @@ class DumpReader(Results, Viewable):
             self.metadata = dict(meta.get("metadata") or {})
             self.model_hash = str(self.manifest.get("model_hash", ""))
             nodes = graph_layout.read_graph(self._json(device_dir / GRAPH), extras=True)
-            where = _source_entries(nodes, sources)
+            where = _source_entries(nodes, sources, servings)
             graph_layout.read_times(nodes, self._json(device_dir / TRACE), by_order=False)
         self._tensors = self._mapped(device_dir / TENSORS, "write the dump again")
         self._values = self._mapped(device_dir / VALUES, "write the dump again")
         self._index_tensors(nodes, strict=True)
-        self._finish(sources, nodes, where)
+        self._finish(sources, servings, nodes, where)
 
     def _read_tvm_dump(self, device_dir: Path) -> None:
         """A dump TVM <= 0.19 wrote: graph, tensors and (optionally) trace, nothing else."""
@@ -330,7 +332,7 @@ class DumpReader(Results, Viewable):
         graph = self._json(device_dir / GRAPH, advice)
         with self._malformed(GRAPH, "the graph JSON", advice):
             nodes = graph_layout.read_graph(graph, extras=False)
-            sources, where = legacy.sources_of(nodes, graph)
+            sources, servings, where = legacy.sources_of(nodes, graph)
         if any(k == graph_layout.UNKNOWN_OUTPUT for n in nodes for _, k in n.inputs):
             self.notes.append(legacy.UNKNOWN_OUTPUT_NOTE)
         if (device_dir / TRACE).is_file():
@@ -343,11 +345,12 @@ class DumpReader(Results, Viewable):
                                      "completes; run it again")
         self._values = {}
         self._index_tensors(nodes, strict=False)
-        self._finish(sources, nodes, where)
+        self._finish(sources, servings, nodes, where)
 
-    def _finish(self, sources: SourceMap, nodes: list[NodeInfo], where: dict[str, tuple[int, int]]) -> None:
+    def _finish(self, sources: SourceMap, servings: Servings, nodes: list[NodeInfo],
+                where: dict[str, tuple[int, int]]) -> None:
         self._where = where  # source key -> (node, output) holding it
-        self._init_results(sources, nodes)
+        self._init_results(sources, servings, nodes)
 
     # -- checking and opening files -----------------------------------------------------------
     def _verified_manifest(self) -> dict:
@@ -464,9 +467,9 @@ class DumpReader(Results, Viewable):
         keys = self.metadata.get("capture")
         return set(keys) if isinstance(keys, list) else None
 
-    def _capture_limited(self, value) -> bool:
-        """True when the run did not capture the inputs of the kernel holding ``value``."""
-        node = self.node_infos[value.node_index]
+    def _capture_limited(self, key: str) -> bool:
+        """True when the run did not capture the inputs of the kernel holding value ``key``."""
+        node = self.node_infos[self.servings[key].node_index]
         return any((i, k) not in self._node_tensors for i, k in node.inputs)
 
     @property
@@ -490,15 +493,16 @@ class DumpReader(Results, Viewable):
         if value.kind is Kind.PARAM:
             raise NotCapturedError(f"weight {value.display_name!r} is not stored in this dump: dump with "
                                    "include_weights=True (YAML: output: {weights: true})")
-        if value.served in (Served.UNAVAILABLE, Served.UNKNOWN):
-            raise not_computed(value, "the dump does not record why")
-        if value.served is Served.RECOMPUTED and not self._capture_limited(value):
+        served = self.servings[key].served
+        if served in (Served.UNAVAILABLE, Served.UNKNOWN):
+            raise not_computed(value, served, "the dump does not record why")
+        if served is Served.RECOMPUTED and not self._capture_limited(key):
             raise NotCapturedError(f"{value.display_name!r} is kept inside a fused kernel and this dump was "
                                    "written without recomputed values: dump with recomputed=True")
         raise NotCapturedError(f"{value.display_name!r} is not in this dump: the run captured only some values")
 
 
-def _source_entries(nodes: list[NodeInfo], sources: SourceMap) -> dict[str, tuple[int, int]]:
+def _source_entries(nodes: list[NodeInfo], sources: SourceMap, servings: Servings) -> dict[str, tuple[int, int]]:
     """Source key -> (node, output) for the values a node outputs (captured, views, inputs).
 
     Raises:
@@ -518,8 +522,9 @@ def _source_entries(nodes: list[NodeInfo], sources: SourceMap) -> dict[str, tupl
                 output_of.setdefault((n.index, key), j)
     where = {}
     for value in sources:
-        if value.served in (Served.CAPTURED, Served.VIEW, Served.INPUT) and value.node_index >= 0:
-            node = nodes[value.node_index]
+        serving = servings[value.key]
+        if serving.served in (Served.CAPTURED, Served.VIEW, Served.INPUT) and serving.node_index >= 0:
+            node = nodes[serving.node_index]
             j = output_of.get((node.index, value.key))
             if j is None and len(node.out_shapes) == 1:
                 j = 0  # e.g. an identity of a model input: the input node's only output

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import CorruptDumpError, DumpError
 from ..results import NodeInfo
-from ..sources import Kind, Served, SourceMap, SourceValue
+from ..sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
 from .graph import GRAPH, NOP, UNKNOWN_OUTPUT
 PROBE_FILE_PREFIX = "_tvmprobe_"  # files only tvm_probe writes into the device folder
 
@@ -116,15 +116,15 @@ def tensor_key(name: str, index: int, output: int) -> str:
     return f"{name}____topo-index:{index}____output-num:{output}"
 
 
-def sources_of(nodes: list[NodeInfo], graph: dict) -> tuple[SourceMap, dict[str, tuple[int, int]]]:
-    """One source value per node output, named after its node, and where each one is.
+def sources_of(nodes: list[NodeInfo], graph: dict) -> tuple[SourceMap, Servings, dict[str, tuple[int, int]]]:
+    """One source value per node output, named after its node, how it was served, and where it is.
 
     Keys are TVM's v0.9+ tensor keys (unique even where node names repeat).  ``param`` nodes
     are graph inputs (TVM passes weights as graph inputs too; the dump does not tell them
     apart); kernel outputs were captured, those of ``__nop`` (a reshape sharing its input's
     storage) are views.
     """
-    sources, where = SourceMap(), {}
+    sources, servings, where = SourceMap(), {}, {}
     keys = {(n.index, j): tensor_key(n.name, n.index, j) for n in nodes for j in range(len(n.out_shapes))}
     for n in nodes:
         inputs = tuple(keys[(i, j)] for i, k in n.inputs for j in range(len(nodes[i].out_shapes))
@@ -134,9 +134,10 @@ def sources_of(nodes: list[NodeInfo], graph: dict) -> tuple[SourceMap, dict[str,
             sources.add(SourceValue(
                 key=keys[(n.index, j)], node=n.name, op_type=n.symbol if kernel else "param", output_index=j,
                 num_outputs=len(n.out_shapes), kind=Kind.VALUE if kernel else Kind.INPUT, topo_index=n.index,
-                inputs=inputs, shape=shape, dtype=dtype, node_index=n.index,
-                served=(Served.VIEW if n.symbol == NOP else Served.CAPTURED) if kernel else Served.INPUT))
+                inputs=inputs, shape=shape, dtype=dtype))
+            served = (Served.VIEW if n.symbol == NOP else Served.CAPTURED) if kernel else Served.INPUT
+            servings[keys[(n.index, j)]] = Serving(served, n.index)
             where[keys[(n.index, j)]] = (n.index, j)
     sources.model_inputs = [keys[(int(i), 0)] for i in graph.get("arg_nodes", [])]
     sources.model_outputs = [keys[(int(h[0]), int(h[1]))] for h in graph.get("heads", [])]
-    return sources, where
+    return sources, servings, where
