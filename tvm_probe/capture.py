@@ -966,6 +966,11 @@ class _NativePlan:
         self._addresses.append(self._arenas[-1].__array_interface__["data"][0])
         return self._arenas[-1], self._addresses[-1]
 
+    def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
+        """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
+        argument position."""
+        return dict(zip(self.untracked[site], [host_array(t) for t in tensors]))
+
     def _cut(self) -> tuple[np.ndarray, int]:
         """A small one-off arena, cut from a chunk of many: a slice, where a new array and its
         address cost microseconds (a decode step that copies one value is that short).  A chunk
@@ -1018,11 +1023,10 @@ class _NativeCalls:
     def _on_event(self, kind: int, site: int, *tensors) -> None:
         """Python's part during the run: untracked inputs (0) and streamed outputs (1)."""
         try:
-            arrays = [host_array(t) for t in tensors]
             if kind == 0:
-                self.capture.untracked_inputs[site] = dict(zip(self.prepared.untracked[site], arrays))
+                self.capture.untracked_inputs[site] = self.prepared.untracked_inputs(site, tensors)
             else:
-                self.sink(site, arrays)
+                self.sink(site, [host_array(t) for t in tensors])
         except BaseException as err:
             self.failure = err
             raise
@@ -1186,8 +1190,7 @@ class FastCall:
 
     def _keep_untracked(self, kind: int, site: int, *tensors) -> None:
         """The inputs of a fused kernel the plan recomputes from, handed over during the run."""
-        self._capture.untracked_inputs[site] = dict(zip(self._prepared.untracked[site],
-                                                        [host_array(t) for t in tensors]))
+        self._capture.untracked_inputs[site] = self._prepared.untracked_inputs(site, tensors)
 
 
 class ArenaOutputs(Mapping):

@@ -296,7 +296,7 @@ class Probe(Results, Viewable):
             if run is not None and arguments is not None:
                 result = run(arguments)
                 self._calls.append(CallRecord(len(self._calls), function, result, wanted, result.total_us,
-                                              result.copied_bytes))
+                                              captured_bytes(result)))
                 self._serve_run = False
                 return result.returned
         probe = self._functions.get(function) or self._function_probe(function)
