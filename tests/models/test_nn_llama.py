@@ -209,3 +209,27 @@ def test_llama_dump_keeps_every_call(hf, tmp_path):
         np.testing.assert_allclose(dump.get("model.layers.1.mlp"), step["model.layers.1.mlp"], atol=1e-5, rtol=1e-4)
         # symbolic seq_len: the prefill dump's nodes have that call's sizes
         assert dump.get("model.layers.0.self_attn").shape == probe.get("model.layers.0.self_attn", call=k).shape
+
+
+@pytest.mark.parametrize("pipeline", ["default", "fused"])
+def test_selected_layers_through_prepared_calls_match_hf_at_every_step(hf, pipeline):
+    """A decode loop as deployments write it (token ids as device tensors, one selection at every
+    step) runs its later steps through the call its first hooked step prepared (FastCall); every
+    selected module path at every step still equals HF's forward hooks."""
+    model = LlamaForCausalLM(CONFIG)
+    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=mlc_weights(hf), pipeline=pipeline)
+    # more steps than the capture's pool of two arenas, so later steps' copies are cut from chunks
+    tokens = greedy_tokens(hf) + [np.array([[t]], dtype="int32") for t in (11, 42, 77, 5)]
+    selected = ["model.layers.0.self_attn", "model.layers.1.mlp", "model.layers.1.self_attn.qkv_proj"]
+    f = tvm.get_global_func
+    cache = probe.call("create_paged_kv_cache", ST([1]), ST([64]), ST([32]), ST([16]), ST([0]))
+    f("vm.builtin.kv_state_add_sequence")(cache, 0)
+    for k, ids in enumerate(tokens):
+        f("vm.builtin.kv_state_begin_forward")(cache, ST([0]), ST([ids.shape[1]]))
+        probe.call("prefill" if k == 0 else "decode", tvm.runtime.tensor(ids), cache, capture=selected)
+        f("vm.builtin.kv_state_end_forward")(cache)
+    assert probe.functions["decode"]._executor.fast_calls, "the later decode steps did not take the prepared call"
+    report = compare_calls(probe, [{p: step[p] for p in selected} for step in hf_steps(hf, tokens)],
+                           atol=1e-5, rtol=1e-4)
+    assert report, report.verdict()
+    assert list(report.table()["compared"]) == [len(selected)] * len(tokens)
