@@ -70,15 +70,20 @@ class CallArguments:
         self._checks = [fast_check(model.params[i][1]) for i in self.free]
 
     def as_passed(self, args: tuple) -> list | None:
-        """Every parameter's argument when ``args`` are all passed as they are (no numpy array
-        to check and copy), else None (:meth:`__call__` then checks them, or says what is wrong)."""
+        """Every parameter's argument when ``args`` need no conversion: numpy arrays that pass
+        their parameter's precompiled check (:attr:`arrays_at` says where they are) and
+        anything else as it is; else None (:meth:`__call__` then converts them, or says what
+        is wrong)."""
         if len(args) != len(self.free):
             return None
-        full = self.template.copy()
-        for i, value in zip(self.free, args):
+        full, at = self.template.copy(), []
+        for i, value, check in zip(self.free, args, self._checks):
             if type(value) is np.ndarray:
-                return None
+                if check is None or not check(value, True):
+                    return None
+                at.append(i)
             full[i] = value
+        self.arrays_at = at
         return full
 
     def __call__(self, args: tuple) -> list:
@@ -163,30 +168,19 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     reference name that names nothing there is an error (a typo must not pass as "nothing to
     check").  Only the values the reference has are compared.
     """
-    from .compare import Comparison, compare
+    from .compare import judge
+    from .sources import Kind
 
     name_map = dict(name_map or {})
-    out = Comparison()
     with probe.in_call(call) as function_probe:
         # several reference names may name one value (a module and its last child): each is
-        # compared, under its own name, so no reference is dropped
-        rounds: list[dict] = []
-        for name, array in reference.items():
-            key = function_probe.resolve(name_map.get(name, name))
-            free = next((r for r in rounds if key not in r), None)
-            if free is None:
-                rounds.append(free := {})
-            free[key] = (name, array)
-        for r in rounds:
-            got = compare(function_probe, {k: a for k, (_, a) in r.items()}, atol=atol, rtol=rtol, keys=set(r))
-            for value in got.values:
-                value.name = r[value.key][0]
-                out.add(value)
-            for key, why in got.unchecked.items():
-                out.unchecked[r[key][0]] = why
-                out.names[r[key][0]] = r[key][0]
-            out.tolerance_rule = got.tolerance_rule
-    return out
+        # compared, under its own name, so no reference is dropped; all in source order
+        named: dict[str, list[str]] = {}
+        for name in reference:
+            named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
+        asked = [(value, name, name) for value in function_probe.sources_map.in_order(named)
+                 if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
+        return judge(function_probe, asked, lambda name, value: reference[name], atol, rtol)
 
 
 def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,

@@ -1133,8 +1133,8 @@ class _HookedNativeCalls(_NativeCalls):
 
 class FastCall:
     """Raw runs of one plan through its hooked VM, made once one such run succeeded
-    (:meth:`DebugExecutor.fast_call`): the arguments passed as they are (no numpy array among
-    them: those are copied into held tensors by :meth:`DebugExecutor.run`), no kernel times.
+    (:meth:`DebugExecutor.fast_call`): numpy arguments copied into the tensors held for them
+    (as :meth:`DebugExecutor.run` copies them), the rest passed as they are; no kernel times.
 
     It does what :meth:`DebugExecutor.run` does for such a run, less the decisions made once: a
     decode step of a small model takes ~90 us, so each microsecond of Python around it shows.
@@ -1154,24 +1154,27 @@ class FastCall:
             self._hooked_call = vm.switch._lib._hooked_call
             self._on_event = self._keep_untracked if prepared.untracked else None
 
-    def __call__(self, args: list) -> Capture:
-        """Run with every parameter's argument; what the run copied, its result as returned."""
-        prepared = self._prepared
+    def __call__(self, args: list, arrays_at: list[int]) -> Capture:
+        """Run with every parameter's argument (numpy arrays, checked, at ``arrays_at``): what
+        the run copied, its result as returned."""
+        executor, prepared = self._executor, self._prepared
         clock = time.perf_counter
+        passed = executor.to_device(args, None, reuse=True, arrays_at=arrays_at) if arrays_at else args
         if prepared is None:  # nothing hooked: the VM's own call
             t0 = clock()
             try:
-                result = self._function(*args)
+                result = self._function(*passed)
             except KeyboardInterrupt:
                 raise
             except Exception as err:
-                return self._executor._hooked_run_failed(err, args, self._plan, True)
+                return executor._hooked_run_failed(err, args, self._plan, True)
+            executor._give_up_aliased(result, arrays_at)
             return Capture(inputs=args, instrument=HOOK, total_us=(clock() - t0) * 1e6, returned=result)
         session, arena, address = self._session, *prepared.arena()
         self._capture = capture = Capture(inputs=args, instrument=HOOK)
         t0 = clock()
         try:
-            result = self._hooked_call(self._switch, session.id, address, self._on_event, self._function, *args)
+            result = self._hooked_call(self._switch, session.id, address, self._on_event, self._function, *passed)
             capture.total_us = (clock() - t0) * 1e6
             stats = session.stats.tolist()
             if stats[UNEXPECTED] or stats[STOPPED] or stats[CALLED] != self._expected:
@@ -1180,9 +1183,10 @@ class FastCall:
         except KeyboardInterrupt:
             raise
         except Exception as err:
-            return self._executor._hooked_run_failed(err, args, self._plan, True)
+            return executor._hooked_run_failed(err, args, self._plan, True)
         finally:
             self._capture = None
+        executor._give_up_aliased(result, arrays_at)
         capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
         if arena is not None:
             capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)

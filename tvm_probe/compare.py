@@ -169,7 +169,7 @@ def compare_many(entries) -> list[ValueComparison]:
             out[i] = _compare_one(key, name, served, g, r, tol)
         else:
             out[i] = ValueComparison(key=key, name=name, served=served, dtype=_dtype_name(r.dtype),
-                                     tolerance=str(tol), **metrics, nan_tvm=0, inf_tvm=0, nan_ref=0, inf_ref=0)
+                                     tolerance=_tolerance_text(tol), **metrics, nan_tvm=0, inf_tvm=0, nan_ref=0, inf_ref=0)
     return out
 
 
@@ -241,6 +241,11 @@ _EMPTY_METRICS = dict(max_abs=0.0, max_rel=0.0, mean_abs=0.0, cosine=1.0, snr_db
 @functools.lru_cache(maxsize=None)
 def _dtype_name(dtype: np.dtype) -> str:
     return str(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _tolerance_text(tol: Tolerance) -> str:
+    return str(tol)
 
 
 def _nonfinite_difference(g: np.ndarray, r: np.ndarray) -> str:
@@ -319,36 +324,45 @@ def compare(results, reference, atol: float | None = None,
     if isinstance(reference, Results):
         _check_same_model(results, reference)
         reference = ResultsReference(reference)
-    out = Comparison()
     asked = [v for v in (results.sources_map if keys is None else results.sources_map.in_order(keys))
              if v.kind not in (Kind.INPUT, Kind.PARAM)]
+    return judge(results, [(v, v.display_name, v.key) for v in asked], lambda label, value: reference[value.key],
+                 atol, rtol, tolerance_for, progress, why_missing=getattr(reference, "why_missing", {}))
+
+
+def judge(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
+          tolerance_for: Callable | None = None, progress=None, why_missing: Mapping | None = None) -> Comparison:
+    """The :class:`Comparison` of each ``(value, name, label)`` of ``asked`` (source values, in
+    source order; one value may come several times, under several names): compared under
+    ``name`` with ``reference_of(label, value)``, or listed under ``label`` as unchecked (a
+    KeyError: no reference, for the reason ``why_missing`` gives) or dead code.  What
+    :func:`compare` and a per-call compare share."""
+    out, why_missing = Comparison(), why_missing or {}
     dtypes, entries = set(), []
-    for done, value in enumerate(asked):
+    for done, (value, name, label) in enumerate(asked):
         if progress is not None:
             progress(done, len(asked))
-        out.names[value.key] = value.display_name
+        out.names[label] = name
         served = results.servings[value.key].served
         if served is Served.UNAVAILABLE:
-            out.dead[value.key] = value.display_name
+            out.dead[label] = name
             continue
         try:
-            ref = np.asarray(reference[value.key])
+            ref = np.asarray(reference_of(label, value))
         except KeyError:
-            out.unchecked[value.key] = getattr(reference, "why_missing", {}).get(
-                value.key, "the reference has no value for it")
+            out.unchecked[label] = why_missing.get(label, "the reference has no value for it")
             continue
         try:
             got = results.get_tensor(value.key)
         except ProbeError as err:
-            out.unchecked[value.key] = f"not served: {err}"
+            out.unchecked[label] = f"not served: {err}"
             continue
-        tol = (tolerance_for(value.names) if tolerance_for else None) or (
-tolerance_of(ref.dtype, atol, rtol))
-        dtypes.add(str(ref.dtype))
-        entries.append((value.key, value.display_name, served.value, got, ref, tol))
+        tol = (tolerance_for(value.names) if tolerance_for else None) or tolerance_of(ref.dtype, atol, rtol)
+        dtypes.add(ref.dtype)
+        entries.append((value.key, name, served.value, got, ref, tol))
     for compared in compare_many(entries):  # (in source order, as asked)
         out.add(compared)
-    out.tolerance_rule = _rule(atol, rtol, dtypes, tolerance_for is not None)
+    out.tolerance_rule = _rule(atol, rtol, {_dtype_name(d) for d in dtypes}, tolerance_for is not None)
     return out
 
 

@@ -304,44 +304,57 @@ def reference_generate(model_or_probe, input_ids, steps: int) -> ReferenceGenera
     ids = torch.from_numpy(_prompt(input_ids))
     past, feed, position = shape.empty(1), ids, _positions(0, ids.shape[1], 1)
     tokens, values = [], []
-    for i in range(steps):
-        recorded, out = _record_modules(step, (feed, position, *past))
-        values.append(recorded)
-        tokens.append(int(out[0][0, -1].argmax()))
-        past = list(out[1:])
-        feed, position = torch.tensor([[tokens[-1]]]), _positions(ids.shape[1] + i, 1, 1)
+    with _ModuleRecorder(step) as recorder, torch.no_grad():
+        for i in range(steps):
+            out = step(feed, position, *past)
+            values.append(recorder.take())
+            tokens.append(int(out[0][0, -1].argmax()))
+            past = list(out[1:])
+            feed, position = torch.tensor([[tokens[-1]]]), _positions(ids.shape[1] + i, 1, 1)
     return ReferenceGeneration(tokens=tokens, values=values)
 
 
-def _record_modules(step, args) -> tuple[dict, Any]:
-    """Run ``step`` eagerly; every submodule's output by path (tuple outputs: the first tensor,
-    as forward hooks see it; ``forward`` wrapped per instance so direct calls count too)."""
-    torch = _torch()
-    found: dict[str, np.ndarray] = {}
-    modules = [(path, m) for path, m in step.named_modules() if path]
+class _ModuleRecorder:
+    """``with _ModuleRecorder(step) as r:`` — every submodule's output by path, for each eager
+    call of ``step`` in the block (:meth:`take` after each).  Tuple outputs give their first
+    tensor, as forward hooks see it; ``forward`` is wrapped per instance, so direct
+    ``m.forward(...)`` calls count too.  The wrappers are put in once for a whole generation
+    (setting a module attribute goes through ``nn.Module.__setattr__``, which is slow) and the
+    instance forwards the modules had come back after."""
 
-    def recording(path, forward):
+    def __init__(self, step):
+        self._modules = [(path, m) for path, m in step.named_modules() if path]
+        self._found: dict[str, np.ndarray] = {}
+        self._own: dict[str, Any] = {}
+
+    def take(self) -> dict[str, np.ndarray]:
+        found, self._found = self._found, {}
+        return found
+
+    def _recording(self, path, forward):
+        tensor_type = _torch().Tensor
+
         def wrapper(*a, **k):
             output = forward(*a, **k)
             tensor = output[0] if isinstance(output, (tuple, list)) and output else output
-            if isinstance(tensor, torch.Tensor):
-                found[path] = tensor.detach().cpu().numpy().copy()
+            if isinstance(tensor, tensor_type):  # a copy: a later in-place op must not change it
+                self._found[path] = tensor.detach().cpu().numpy().copy()
             return output
         return wrapper
 
-    own = {path: m.__dict__.get("forward") for path, m in modules}  # instance forwards, restored after
-    for path, m in modules:
-        m.forward = recording(path, m.forward)
-    try:
-        with torch.no_grad():
-            out = step(*args)
-    finally:
-        for path, m in modules:
-            if own[path] is not None:
-                m.forward = own[path]
+    def __enter__(self):
+        for path, m in self._modules:
+            self._own[path] = m.__dict__.get("forward")
+            m.__dict__["forward"] = self._recording(path, m.forward)
+        return self
+
+    def __exit__(self, *exc):
+        for path, m in self._modules:
+            if self._own[path] is not None:
+                m.__dict__["forward"] = self._own[path]
             else:
-                del m.forward
-    return found, out
+                m.__dict__.pop("forward", None)
+        return False
 
 
 @dataclass

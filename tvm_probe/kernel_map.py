@@ -101,6 +101,9 @@ class GroupPlan:
         param_args: per function parameter, the position of the site argument that feeds it,
             or ``None`` when it is a constant (then ``param_consts`` has it).
         prim_funcs: GlobalVar → PrimFunc for every kernel the function calls.
+        param_symbols: symbolic dimension (TIR Var) in ``param_consts`` → ``(input, axis)``,
+            the model input axis whose size it is (a decode step's past length), so a run's
+            input shapes give its value.
     """
 
     function: Any
@@ -108,6 +111,7 @@ class GroupPlan:
     param_args: list[int | None]
     param_consts: dict[int, Any] = field(default_factory=dict)
     prim_funcs: dict = field(default_factory=dict)
+    param_symbols: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -465,6 +469,7 @@ def _name_sites(kmap: KernelMap, sources) -> None:
 
 def _plan_groups(kmap: KernelMap, runtime: FunctionValues, post_fusion, site_vars) -> None:
     """A recompute plan for every site that holds a source value inside."""
+    input_dims = _input_dims(post_fusion["main"]) if post_fusion is not None else {}
     for site in kmap.sites:
         if not site.interior_keys:
             continue
@@ -472,7 +477,7 @@ def _plan_groups(kmap: KernelMap, runtime: FunctionValues, post_fusion, site_var
         call = runtime.inlined[var].call
         func = post_fusion[call.op]
         site.group = _plan_group(func, call.op.name_hint, list(call.args), site.call_args,
-                                 _callees(post_fusion, func))
+                                 _callees(post_fusion, func), input_dims)
 
 
 # -- call sites ---------------------------------------------------------------------------------
@@ -716,18 +721,36 @@ def _callees(mod, func) -> dict:
     return found
 
 
-def _plan_group(func, name, group_args, site_args, prim_funcs) -> GroupPlan:
-    """Which site argument feeds each grouped-function parameter (FuseTIR may drop some)."""
+def _plan_group(func, name, group_args, site_args, prim_funcs, input_dims) -> GroupPlan:
+    """Which site argument feeds each grouped-function parameter (FuseTIR may drop some), and
+    which input axis sizes each symbol of the others (``input_dims``: :func:`_input_dims`)."""
     from tvm import relax
 
-    param_args, consts = [], {}
+    param_args, consts, symbols = [], {}, {}
     for i, arg in enumerate(group_args):
         j = next((k for k, a in enumerate(site_args) if a.same_as(arg)), None)
         if j is None and not isinstance(arg, relax.Var):
             consts[i] = arg
+            for var in _symbols_in(getattr(arg, "values", None) or ()):
+                if var in input_dims:
+                    symbols[var] = (input_dims[var].input_index, input_dims[var].output)
         param_args.append(j)
     return GroupPlan(function=func, name=name, param_args=param_args, param_consts=consts,
-                     prim_funcs=prim_funcs)
+                     prim_funcs=prim_funcs, param_symbols=symbols)
+
+
+def _symbols_in(dims) -> list:
+    """The TIR Vars in shape dimensions (``past``, ``past + 1``)."""
+    import tvm
+
+    found, stack = [], list(dims)
+    while stack:
+        dim = stack.pop()
+        if isinstance(dim, tvm.ir.expr.Var):
+            found.append(dim)
+        elif isinstance(dim, (tvm.ir.prim.expr.BinaryOpExpr, tvm.ir.prim.expr.CmpExpr)):
+            stack += [dim.a, dim.b]
+    return found
 
 
 # -- how each source value is served ------------------------------------------------------------

@@ -52,6 +52,7 @@ class NameIndex:
         self._order: dict[str, int] = {}
         self._outputs_of_node: dict[str, list[str]] = {}  # multi-output node → its `node:k` names
         self._notes = dict(notes or {})
+        self._resolved: dict[str, str] = {}  # name → key, for names resolved before (the index is fixed)
         for i, value in enumerate(values):
             self._order[value.key] = i
             if value.node and value.num_outputs > 1:
@@ -68,6 +69,12 @@ class NameIndex:
 
     def resolve(self, name: str) -> str:
         """The key of the one source value ``name`` denotes (see module docstring)."""
+        found = self._resolved.get(name) if type(name) is str else None
+        if found is None:
+            found = self._resolved[name] = self._resolve(name)
+        return found
+
+    def _resolve(self, name: str) -> str:
         if not isinstance(name, str) or not name.strip():
             raise UnknownNameError(f"empty name {name!r}: give a node or tensor name (see probe.sources)")
         kind, bare = split_kind(name)

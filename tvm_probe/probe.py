@@ -294,7 +294,7 @@ class Probe(Results, Viewable):
             probe, plan, wanted = fast
             run, arguments = probe._executor.fast_calls.get(plan), probe._arguments.as_passed(args)
             if run is not None and arguments is not None:
-                result = run(arguments)
+                result = run(arguments, probe._arguments.arrays_at)
                 self._calls.append(CallRecord(len(self._calls), function, result, wanted, result.total_us,
                                               captured_bytes(result)))
                 self._serve_run = False
@@ -737,7 +737,8 @@ class Probe(Results, Viewable):
         inputs = self._site_inputs(site, self.imported.sources[key].display_name)
         places = self.kernel_map.places
         keys = [k for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR]
-        tensors = self._recomputer.interior_values(site, inputs, {places[k].inner for k in keys})
+        shapes = [getattr(a, "shape", None) for a in self._require_run().inputs]
+        tensors = self._recomputer.interior_values(site, inputs, {places[k].inner for k in keys}, shapes)
         return {k: tensors[places[k].inner] for k in keys}
 
     def _site_output(self, site: int, k: int, why: str) -> np.ndarray:

@@ -44,11 +44,13 @@ class Recomputer:
         self._lock = threading.Lock()
         self._tried_alongside = False
 
-    def interior_values(self, site: CallSite, site_inputs: list[np.ndarray], wanted=None) -> dict:
+    def interior_values(self, site: CallSite, site_inputs: list[np.ndarray], wanted=None,
+                        input_shapes=None) -> dict:
         """The tensors ``site``'s grouped function binds (by its Var; only those in ``wanted``
-        when given), from the inputs the site received."""
+        when given), from the inputs the site received (``input_shapes``: the shapes of the
+        run's model inputs, which give the symbolic sizes the call passes)."""
         group = site.group
-        feed = cut_feed(group, site_inputs)
+        feed = cut_feed(group, site_inputs, input_shapes)
         return self._run_cut(self._built(group), group, feed, wanted)
 
     def _run_cut(self, vm, group, feed: list[np.ndarray], wanted) -> dict:
@@ -113,36 +115,41 @@ class Recomputer:
     def _to_device(self, arrays: list[np.ndarray]) -> list:
         import tvm
 
-        dev = device_for(self._target)
-        return [tvm.runtime.tensor(a, dev) for a in arrays]
+        dev = device_for(self._target)  # (shapes and scalars go as they are)
+        return [tvm.runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a for a in arrays]
 
 
-def cut_feed(group, site_inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """The cut function's arguments: the call site's inputs and the constants it was fused with."""
+def cut_feed(group, site_inputs: list[np.ndarray], input_shapes=None) -> list[np.ndarray]:
+    """The cut function's arguments: the call site's inputs and the constants it was fused with
+    (shapes whose symbols are input sizes take this run's sizes, from ``input_shapes``)."""
+    sizes = {var: int(input_shapes[i][axis]) for var, (i, axis) in group.param_symbols.items()
+             if input_shapes and input_shapes[i] is not None}
     feed = []
     for i, pos in enumerate(group.param_args):
         if pos is not None:
             feed.append(site_inputs[pos])
         elif i in group.param_consts:
-            feed.append(_constant_argument(group, i, group.param_consts[i]))
+            feed.append(_constant_argument(group, i, group.param_consts[i], sizes))
         else:  # FuseTIR fed this parameter from something the call site does not pass
             raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
                                       "matches no argument of the compiled call")
     return feed
 
 
-def _constant_argument(group, i: int, expr):
+def _constant_argument(group, i: int, expr, sizes: dict):
     """A grouped function's parameter FuseTIR bound to an expression the call does not pass:
-    a constant, or a shape or scalar whose values are known at compile time; a symbolic one
-    (its value lives only in the run that computed it) is a one-line refusal."""
+    a constant, or a shape or scalar whose values are known at compile time or from the run's
+    input sizes (``sizes``: symbol → size); another symbolic one (its value lives only in the
+    run that computed it) is a one-line refusal."""
     import tvm
 
     value = getattr(expr, "value", None)
     if hasattr(value, "numpy"):  # a constant
         return value.numpy()
-    known = _known_ints(getattr(expr, "values", None) if type(expr).__name__ == "ShapeExpr" else None)
-    if known is not None:
-        return tvm.runtime.ShapeTuple(known)
+    if type(expr).__name__ == "ShapeExpr":
+        known = [_size(dim, sizes) for dim in expr.values]
+        if None not in known:
+            return tvm.runtime.ShapeTuple(known)
     if type(expr).__name__ in ("IntImm", "FloatImm"):  # a scalar argument (R.prim_value)
         return expr.value
     raise ValueUnavailableError(
@@ -151,11 +158,24 @@ def _constant_argument(group, i: int, expr):
         "shapes) or build with pipeline='default' to read it")
 
 
-def _known_ints(values) -> list[int] | None:
-    """The dimensions of a shape when every one is a number (not a symbolic expression)."""
-    if values is None or not all(type(v).__name__ == "IntImm" for v in values):
-        return None
-    return [int(v.value) for v in values]
+_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+               "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b, "Min": min, "Max": max}
+
+
+def _size(dim, sizes: dict) -> int | None:
+    """The value of one shape dimension: a number, a symbol in ``sizes``, or integer arithmetic
+    on those (``past + 1``); None for anything else."""
+    kind = type(dim).__name__
+    if kind == "IntImm":
+        return int(dim.value)
+    if kind == "Var":
+        return sizes.get(dim)
+    if kind in _ARITHMETIC:
+        a, b = _size(dim.a, sizes), _size(dim.b, sizes)
+        if a is None or b is None or (kind in ("FloorDiv", "FloorMod") and b == 0):
+            return None
+        return int(_ARITHMETIC[kind](a, b))
+    return None
 
 
 def wanted_arrays(group, results, wanted) -> dict:

@@ -55,6 +55,8 @@ def tolerance_of(dtype, atol: float | None = None, rtol: float | None = None) ->
     """The tolerance for values of ``dtype``: the default, with ``atol`` / ``rtol`` given by the
     user in its place."""
     default = default_tolerance(dtype)
+    if atol is None and rtol is None:
+        return default
     return Tolerance(default.atol if atol is None else atol, default.rtol if rtol is None else rtol)
 
 

@@ -29,6 +29,13 @@ _IMPURE_OPS = frozenset({"relax.call_builtin_with_ctx", "relax.null_value", "rel
                          "relax.assert_op", "relax.call_inplace_packed"})
 
 
+def _size_arithmetic() -> tuple:
+    """The TIR expression types :meth:`ValueNumbering._dim` numbers by their operands."""
+    from tvm.ir.prim import expr as prim
+
+    return (prim.BinaryOpExpr, prim.CmpExpr, prim.Cast)
+
+
 class Terms:
     """The hash-consing table: term tuple ↔ number, shared by every function evaluated."""
 
@@ -148,6 +155,8 @@ class ValueNumbering:
             return t.number(("extern", str(expr.global_symbol)))
         if isinstance(expr, relax.Call):
             return self._call(expr, env, binding)
+        if isinstance(expr, _size_arithmetic()):  # a scalar argument computed from sizes (``n + 1``)
+            return self._dim(expr, env)
         return t.number(("opaque", binding.var if binding is not None else expr))
 
     def _dim(self, value, env) -> int:
@@ -156,11 +165,18 @@ class ValueNumbering:
         would merge different sizes."""
         import tvm
 
-        if isinstance(value, tvm.ir.prim.expr.IntImm):
+        prim = tvm.ir.prim.expr
+        if isinstance(value, prim.IntImm):
             return self.terms.number(("int", int(value.value)))
         if isinstance(value, tvm.ir.expr.Var):
             return self._expr(value, env, None)  # a symbol bound at a call site maps to the caller's
-        return self.terms.number(("prim", value))  # an expression: equal only to itself
+        if isinstance(value, (prim.BinaryOpExpr, prim.CmpExpr)):
+            # arithmetic on sizes (a decode step's ``past + 1``): the same op on the same numbers,
+            # so that it inside a fused function (whose symbols FuseOps renames) equals it outside
+            return self.terms.number(("prim", type(value).__name__, self._dim(value.a, env), self._dim(value.b, env)))
+        if isinstance(value, prim.Cast):
+            return self.terms.number(("cast", str(value.ty), self._dim(value.value, env)))
+        return self.terms.number(("prim", value))  # another expression: equal only to itself
 
     def _call(self, call, env, binding) -> int:
         import tvm
@@ -197,7 +213,7 @@ class ValueNumbering:
 
         found = {}
         for param, arg in zip(func.params, call.args):
-            inner, outer = shape_dims(param.ty), shape_dims(getattr(arg, "ty", None))
+            inner, outer = _dims_defined(param.ty), _dims_defined(getattr(arg, "ty", None))
             if inner is None or outer is None or len(inner) != len(outer):
                 continue
             for p_dim, a_dim in zip(inner, outer):
@@ -217,3 +233,14 @@ class ValueNumbering:
 def shape_dims(ty) -> list | None:
     """The dimensions of a tensor type whose shape is known (None: no type, or unknown rank)."""
     return getattr(getattr(ty, "shape", None), "values", None)
+
+
+def _dims_defined(ty) -> list | None:
+    """The dimensions a parameter of type ``ty`` defines: a tensor's shape, or the values of a
+    shape (FuseOps passes the symbols a fused function needs but its tensors do not define as
+    ``R.Shape([s15])``)."""
+    from tvm import relax
+
+    if isinstance(ty, relax.ShapeType):
+        return getattr(ty, "values", None)
+    return shape_dims(ty)

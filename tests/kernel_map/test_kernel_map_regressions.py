@@ -300,3 +300,44 @@ def test_verify_catches_a_wrong_mapping(pipeline):
     assert not result and [m.name for m in result.mismatches] == ["b"] + (
         ["c"] if pipeline == "default" else [])
     assert "tvm_probe problem" in result.summary()
+
+
+def _mask_row_module():
+    """A decode step's mask row: ``arange(n + 1) <= pos`` over an input extended by one column.
+    FuseOps passes the fused group ``R.Shape([n])``, since none of its tensors defines ``n``, and
+    renames ``n`` inside: the values in it were once all "unknown" (lost through FuseOps)."""
+    import tvm
+    from tvm.script import relax as R
+    from tvm.script import tirx as T
+
+    @tvm.script.ir_module
+    class MaskRow:
+        @R.function
+        def main(x: R.Tensor((1, "n"), "float32"), pos: R.Tensor((1,), "int64")):
+            n = T.int64()
+            with R.dataflow():
+                r = R.arange(R.prim_value(0), R.prim_value(n + 1), R.prim_value(1), dtype="int64")
+                mask = R.less_equal(r, pos)
+                xe = R.concat([x, R.zeros(R.shape([1, 1]), "float32")], axis=1)
+                scaled = R.multiply(xe, R.const(2.0, "float32"))
+                out = R.where(mask, scaled, R.const(-1.0, "float32"))
+                R.output(out)
+            return out
+
+    return MaskRow
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_fused_kernel_given_its_symbolic_size_as_a_shape_serves_every_value(pipeline):
+    probe = Probe.from_relax(_mask_row_module(), pipeline=pipeline)
+    for n, pos in ((5, 3), (2, 0)):  # the size recomputation feeds is each run's own
+        x = np.arange(n, dtype="float32")[None] + 1
+        probe.run([x, np.array([pos], "int64")])
+        r = np.arange(n + 1)
+        xe = np.concatenate([x, np.zeros((1, 1), "float32")], axis=1)
+        reference = {"r": r, "mask": r <= pos, "xe": xe, "scaled": 2 * xe, "out": np.where(r <= pos, 2 * xe, -1)}
+        keys = {probe.resolve(name): ref for name, ref in reference.items()}
+        counts = assert_served_right(probe, keys, live=set(keys))
+        assert sum(counts.values()) >= len(reference), counts
+    if pipeline == "fused":
+        assert counts.get("recomputed", 0) >= 3, counts  # r, mask, scaled stay inside the fused kernel

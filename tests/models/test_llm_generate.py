@@ -14,6 +14,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tvm_probe import InputError, ModelError, Probe  # noqa: E402
+from tvm_probe.calls import CallArguments  # noqa: E402
+from tvm_probe.compare import compare  # noqa: E402
 from tvm_probe.hf import compare_generation, reference_generate  # noqa: E402
 
 from support import SUPPORT  # noqa: E402
@@ -48,29 +50,30 @@ def _check_generation(family: str, pipeline: str, probe=None) -> None:
     assert (table["compared"] > 20).all() and (table["diverged"] == 0).all()
 
 
-@pytest.mark.slow
-def test_llama_generates_under_the_fused_pipeline_and_never_serves_a_wrong_value():
-    """Fused kernels of the symbolic-length programs take the length as a scalar argument
-    (recomputing what they keep inside feeds it back as it is).  The kernel map does not yet
-    follow every value of the symbolic-length decode through FuseOps: those are unknown, said so
-    per value — and nothing served differs from eager."""
-    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
-    probe = Probe.from_hf(model, pipeline="fused", max_len=32)
-    assert probe.generate(ids, steps=STEPS) == _hf_tokens(model, ids, STEPS)
-    result = compare_generation(probe)
-    table = result.table()
-    assert (table["diverged"] == 0).all() and (table["compared"] > 0).all()
-    assert table["compared"].iloc[0] > 20  # the prefill: every module path
-    for _, function, comparison in result.calls.by_call:
-        if function == "prefill":
-            assert not comparison.unchecked, comparison.verdict()
-        for why in comparison.unchecked.values():
-            assert "cannot tell where the compiled module holds" in why, why
-
-
 @pytest.fixture(scope="module")
 def llama_probe():
     return Probe.from_hf(hf_decoder("llama"), pipeline="default", max_len=32)
+
+
+@pytest.mark.slow
+def test_llama_under_the_fused_pipeline_serves_every_value_of_every_step(llama_probe):
+    """The fused decode step's kernels take the past length as ``R.Shape([past])`` (FuseOps gives
+    each fused function symbols of its own): the kernel map follows every value through it and
+    recomputation feeds that run's length.  Every module path of every step equals eager, and
+    every value (fx names included) equals the unfused build's (the ``default`` pipeline, where
+    each value is its own kernel's output), nothing left unchecked."""
+    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
+    probe = Probe.from_hf(model, pipeline="fused", max_len=32)
+    steps = 3  # the prefill and two decode steps: the second decode reads a past the first wrote
+    assert probe.generate(ids, steps=steps) == _hf_tokens(model, ids, steps)
+    result = compare_generation(probe)
+    assert result, result.verdict()
+    assert (result.table()["compared"] >= 30).all()  # every module path, at every step
+    assert llama_probe.generate(ids, steps=steps) == probe.generate(ids, steps=steps)
+    for fused_call, default_call in zip(probe.hf.generations[-1].calls, llama_probe.hf.generations[-1].calls):
+        with probe.in_call(fused_call) as fused, llama_probe.in_call(default_call) as unfused:
+            against_unfused = compare(fused, unfused)
+            assert against_unfused and len(against_unfused.values) > 250, (fused_call, against_unfused.verdict())
 
 
 def test_llama_generates_transformers_tokens_and_every_step_equals_eager(llama_probe):
@@ -99,6 +102,36 @@ def test_values_answer_by_call_to_module_paths_fx_names_and_parameters(llama_pro
                                   model.state_dict()[weight[len("model."):]].numpy())
     with pytest.raises(InputError, match=r"longer than max_len=32"):
         probe.generate(ids, steps=25)
+
+
+def test_a_decode_loop_fed_numpy_takes_the_prepared_call_and_equals_eager(llama_probe, monkeypatch):
+    """A user's own decode loop with ``capture=None`` (token and position as numpy, the cache as
+    the tensors the last call returned): the later steps take the prepared call, which copies
+    the numpy arguments into tensors it holds; the logits still equal the eager model's at
+    every step, and a bad argument still gets its one-line error."""
+    model, ids, probe = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT), llama_probe
+    shape = probe.hf.shape
+    past = [np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for _ in range(2 * shape.layers)]
+    out = probe.call("prefill", ids.numpy(), np.arange(PROMPT, dtype=np.int64)[None, :], *past, capture=None)
+    tokens = [int(out[0].numpy()[0, -1].argmax())]
+    logits, converted = [], []  # the steps whose arguments went through the slow path's conversion
+    slow = CallArguments.__call__
+    monkeypatch.setattr(CallArguments, "__call__", lambda self, args: converted.append(len(logits)) or slow(self, args))
+    for k in range(5):
+        out = probe.call("decode", np.array([[tokens[-1]]], np.int64), np.array([[PROMPT + k]], np.int64),
+                         *out[1:], capture=None)
+        logits.append(out[0].numpy()[0, -1])
+        tokens.append(int(logits[-1].argmax()))
+    # a function's first call runs through TVM's instrument, the next through the hooks, which
+    # prepares the call the later ones take (the probe may have made those calls before)
+    assert not [k for k in converted if k >= 2], f"steps {converted} did not take the prepared call"
+    with torch.no_grad():
+        eager = model(torch.tensor(np.concatenate([ids.numpy()[0], tokens[:-1]])[None, :])).logits[0]
+    for k, got in enumerate(logits):
+        np.testing.assert_allclose(got, eager[PROMPT + k].numpy(), atol=1e-4, err_msg=f"decode step {k}")
+    with pytest.raises(InputError, match=r"int64"):
+        probe.call("decode", np.array([[tokens[-1]]], np.int32), np.array([[PROMPT + 5]], np.int64), *out[1:],
+                   capture=None)
 
 
 def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch):
@@ -160,6 +193,32 @@ def test_a_program_that_mutates_buffers_is_refused_naming_them():
     eager(x)
     np.testing.assert_array_equal(first, second)
     assert not np.array_equal(second, eager(x).numpy())
+
+
+def test_transformers_static_cache_export_module_is_refused_in_one_line():
+    """transformers' own static-cache module (its K/V caches are buffers updated in place) never
+    becomes a build that drops the updates: Probe.from_torch refuses it in one line, whether it
+    is given as it is or behind a wrapper that passes ``cache_position`` on."""
+    from transformers import GenerationConfig
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model = hf_decoder("llama")
+    model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
+    static = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=16)
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.static = static
+
+        def forward(self, input_ids, cache_position):
+            return self.static(input_ids=input_ids, cache_position=cache_position)
+
+    ids, position = torch.tensor([[3]]), torch.tensor([0])
+    for module, inputs in ((static, (ids,)), (Step(), (ids, position))):
+        with pytest.raises(ModelError) as caught:
+            Probe.from_torch(module, inputs)
+        assert "\n" not in str(caught.value) and type(module).__name__ in str(caught.value), str(caught.value)
 
 
 def test_bad_generate_arguments_are_one_line_errors():

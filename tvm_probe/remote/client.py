@@ -345,5 +345,5 @@ class RemoteRecomputer(Recomputer):
             raise RemoteError(f"cannot start the VM of the cut modules on {self._runtime.where}: "
                               f"{one_line(err)}") from None
 
-    def _to_device(self, arrays: list[np.ndarray]) -> list:
-        return [self._runtime.to_device(a) for a in arrays]
+    def _to_device(self, arrays: list[np.ndarray]) -> list:  # (shapes and scalars go as they are)
+        return [self._runtime.to_device(a) if isinstance(a, np.ndarray) else a for a in arrays]
