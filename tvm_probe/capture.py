@@ -1168,7 +1168,8 @@ class FastCall:
                 raise
             except Exception as err:
                 return executor._hooked_run_failed(err, args, self._plan, True)
-            executor._give_up_aliased(result, arrays_at)
+            if arrays_at:
+                executor._give_up_aliased(result, arrays_at)
             return Capture(inputs=args, instrument=HOOK, total_us=(clock() - t0) * 1e6, returned=result)
         session, arena, address = self._session, *prepared.arena()
         self._capture = capture = Capture(inputs=args, instrument=HOOK)
@@ -1186,7 +1187,8 @@ class FastCall:
             return executor._hooked_run_failed(err, args, self._plan, True)
         finally:
             self._capture = None
-        executor._give_up_aliased(result, arrays_at)
+        if arrays_at:  # (a result may refer to the held tensors the numpy arguments went into)
+            executor._give_up_aliased(result, arrays_at)
         capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
         if arena is not None:
             capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)
