@@ -295,9 +295,7 @@ class Probe(Results, Viewable):
             run, arguments = probe._executor.fast_calls.get(plan), probe._arguments.as_passed(args)
             if run is not None and arguments is not None:
                 result = run(arguments, probe._arguments.arrays_at)
-                self._calls.append(CallRecord(len(self._calls), function, result, wanted, result.total_us,
-                                              captured_bytes(result)))
-                self._serve_run = False
+                self._record_call(function, result, wanted)
                 return result.returned
         probe = self._functions.get(function) or self._function_probe(function)
         if probe._arguments is None:
@@ -310,16 +308,21 @@ class Probe(Results, Viewable):
                                      arrays_at=probe._arguments.arrays_at)
         if not layouts and not kernel_times and plan.outputs is not None and probe._executor.fast_call(plan):
             self._fast_calls[key] = probe, plan, wanted
-        record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
-                            time_us=result.total_us, captured_bytes=captured_bytes(result))
+        record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
             from .kv_cache import read_kv
 
             for layout in layouts:
                 record.kv.update(read_kv(arrays[layout.param], layout))
+        return result.returned
+
+    def _record_call(self, function: str, result: Capture, wanted) -> CallRecord:
+        """The next call's record, kept; ``get`` without ``call=`` serves it from now on."""
+        record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
+                            time_us=result.total_us, captured_bytes=captured_bytes(result))
         self._calls.append(record)
         self._serve_run = False
-        return result.returned
+        return record
 
     @property
     def kv_layouts(self) -> list:
