@@ -88,7 +88,7 @@ def bench_build(model, pipeline: str, rounds: int) -> dict[str, float]:
     from tvm.relax.frontend.onnx import from_onnx
 
     from tvm_probe import Probe
-    from tvm_probe.build import compile_plain
+    from tvm_probe.build.compile import compile_plain
 
     def plain():
         relax.VirtualMachine(compile_plain(from_onnx(model), "llvm", pipeline), tvm.cpu())
@@ -266,7 +266,7 @@ def large_tensor_model(layers: int = 8, rows: int = 1024, cols: int = 1024):
 @contextlib.contextmanager
 def instrument_env(choice: str):
     """``TVM_PROBE_INSTRUMENT=choice`` while the block runs."""
-    from tvm_probe.capture import INSTRUMENT_ENV
+    from tvm_probe.capture.executor import INSTRUMENT_ENV
 
     before = os.environ.get(INSTRUMENT_ENV)
     os.environ[INSTRUMENT_ENV] = choice
@@ -363,7 +363,7 @@ def vm_costs(probe, inputs, rounds: int) -> tuple[dict[str, float], int]:
 def numpy_copies(probe, inputs, nbytes: int, rounds: int) -> dict[str, float]:
     """GB/s of numpy copying ``nbytes`` between warm buffers as one block (the physical limit),
     and copying the kernel outputs of one run tensor by tensor."""
-    from tvm_probe.capture import CapturePlan, DebugExecutor
+    from tvm_probe.capture.executor import CapturePlan, DebugExecutor
 
     capture = DebugExecutor(probe.built, probe.kernel_map, instrument="native").run(
         [inputs[s.name] for s in probe.inputs], CapturePlan())
@@ -548,8 +548,8 @@ def bench_compare(label: str, model, inputs, runs: int = 5) -> list[str]:
     counted: it is the reference runtime's cost, not tvm_probe's.
     """
     from tvm_probe import Probe
-    from tvm_probe.compare import compare
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.verdict import compare
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     reference = onnxruntime_values(model, inputs)
     probe = Probe.from_onnx(model, pipeline="fused")

@@ -29,7 +29,7 @@ def vm_executable(mod, target, pipeline):
     """What a user deploys: ``tvm.compile`` with the same pipeline."""
     import tvm
 
-    from tvm_probe.build import resolve_pipeline
+    from tvm_probe.build.compile import resolve_pipeline
 
     return tvm.compile(mod, target, relax_pipeline=resolve_pipeline(pipeline, target)[0])
 
@@ -46,7 +46,7 @@ def measure(pipeline: str, steps: int = 400) -> dict:
     weights = mlc_weights(hf_llama(config))
     probe = Probe.from_nn(model, model.get_default_spec("plain"), params=weights, pipeline=pipeline)
     mod, named = model.export_tvm(spec=model.get_default_spec("plain"))
-    from tvm_probe.build import parse_target
+    from tvm_probe.build.compile import parse_target
 
     target = parse_target("llvm")
     vm = relax.VirtualMachine(vm_executable(mod, target, pipeline), tvm.cpu())

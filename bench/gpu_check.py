@@ -87,8 +87,8 @@ def check_instruments(pair: dict, inputs, tmp: Path) -> tuple[bool, str]:
 
 def check_values(probe, model, inputs) -> tuple[bool, str, list[str]]:
     """Every served value against onnxruntime on the CPU; the verdict and the worst values."""
-    from tvm_probe.compare import compare
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.verdict import compare
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     probe.run(inputs)
     comparison = compare(probe, onnxruntime_values(model, inputs))

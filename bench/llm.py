@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     import tvm
     from support.hf_models import decoder_ids, hf_decoder
     from tvm_probe import Probe
-    from tvm_probe.hf import compare_generation
+    from tvm_probe.llm.hf import compare_generation
 
     model = hf_decoder(options.family)
     ids = decoder_ids(0, batch=1, seq=8).numpy()

@@ -77,8 +77,8 @@ def cases():
 
 def main() -> None:
     from tvm_probe.importer.onnx import import_onnx
-    from tvm_probe.precision import find_keep_fp32
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.tools.precision import find_keep_fp32
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     rows = []
     for label, model, inputs in cases():

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 # No sys.path entry is added here: pytest's default (prepend) import mode puts tests/ on sys.path to
 # import this file, which is how tests import the ``support`` package.
 from support.session import SERVED_COUNTS
 from tvm_probe import demo
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402  (version first: the dump writer records it)
+from .core.errors import (  # noqa: E402  (version first: the dump writer records it)
     AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, ModelError,
     NameLookupError, NotCapturedError, NotRunError, PipelineError, ProbeError, TVMBehaviourChanged,
     TVMCompileError, TVMError, TVMRunError, UnknownNameError, UnsupportedOpError, ValueUnavailableError,
@@ -21,16 +21,20 @@ from .errors import (  # noqa: E402  (version first: the dump writer records it)
 #: What a user imports from ``tvm_probe``: the probe and dumps, comparison, references, errors.
 #: Everything here is loaded on first use (see __getattr__).
 _LAZY = {
-    "Probe": ".probe", "load_dump": ".store.dump", "Comparison": ".compare",
-    "Status": ".compare", "Tolerance": ".tolerance", "Reference": ".reference",
-    "register_reference": ".reference", "get_reference": ".reference",
-    "onnxruntime_values": ".reference.onnxruntime", "torch_values": ".reference.torch",
-    "tflite_values": ".reference.tflite",
+    "Probe": ".probe", "load_dump": ".store.dump", "Comparison": ".comparison",
+    "Status": ".comparison", "Tolerance": ".core.tolerance", "Reference": ".comparison.reference",
+    "register_reference": ".comparison.reference", "get_reference": ".comparison.reference",
+    "onnxruntime_values": ".comparison.reference.onnxruntime", "torch_values": ".comparison.reference.torch",
+    "tflite_values": ".comparison.reference.tflite", "Instrument": ".capture.instrument",
 }
 
-# Not lazy: the function must win over the submodule of the same name, which Python binds on the
-# package when it is first imported (numpy only, like the errors above).
-from .compare import compare  # noqa: E402
+from ._moved import install as _install_moved  # noqa: E402
+
+_install_moved()
+# Not lazy: the function must win over the old module path ``tvm_probe.compare`` (now
+# ``tvm_probe.comparison``), which Python binds on the package when it is first imported.
+from . import compare as _old_compare_path  # noqa: E402,F401
+from .comparison.verdict import compare  # noqa: E402
 
 __all__ = [
     *_LAZY, "compare", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
@@ -46,5 +50,5 @@ def __getattr__(name):  # lazy: keep `import tvm_probe` light
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     if name == "demo":
-        return importlib.import_module(".demo", __name__)
+        return importlib.import_module(".importer.demo", __name__)
     raise AttributeError(f"module 'tvm_probe' has no attribute {name!r}")

@@ -11,7 +11,7 @@ from support.processes import run_cli
 from onnx import numpy_helper
 
 from tvm_probe import demo, load_dump
-from tvm_probe.cli import main
+from tvm_probe.app.cli import main
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 TAMPERED = "tf_bert_for_sequence_classification/bert/encoder/layer_._1/attention/self/query/kernel:0"

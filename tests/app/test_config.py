@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from tvm_probe.config import ConfigError, load_config
+from tvm_probe.app.config import ConfigError, load_config
 
 
 def write(tmp_path, text, name="c.yaml"):

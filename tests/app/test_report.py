@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from tvm_probe import report
-from tvm_probe.compare import compare
-from tvm_probe.errors import ProbeError
+from tvm_probe.comparison.verdict import compare
+from tvm_probe.core.errors import ProbeError
 
 HAS_DOT = shutil.which("dot") is not None
 KNOWN_NAME = "layer_._0/attention/self/Softmax"  # a suffix of a source name in the demo BERT

@@ -31,7 +31,7 @@ from support import SUPPORT
 from support.tvm_bugs import BUGS
 
 from tvm_probe import Probe, load_dump
-from tvm_probe.cli import main
+from tvm_probe.app.cli import main
 
 me = pytest.importorskip("model_explorer", reason='the view extra is not installed: pip install "tvm_probe[view]"')
 
@@ -121,9 +121,9 @@ def test_a_tflite_model_gets_its_overlays_on_model_explorers_tflite_graph(tmp_pa
         BuiltinTfliteFlatbufferAdapter,
     )
 
-    from tvm_probe.compare import compare
-    from tvm_probe.reference.tflite import tflite_values
-    from tvm_probe.view import export
+    from tvm_probe.comparison.verdict import compare
+    from tvm_probe.comparison.reference.tflite import tflite_values
+    from tvm_probe.show.view import export
 
     model = SUPPORT / "tflite_models" / "cnn.tflite"
     probe = Probe.from_tflite(str(model), pipeline="fused")
@@ -252,7 +252,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 def server(bug_dump):
     """``tvm-probe view DUMP --no-browser`` on a free port, as a user starts it; its page address."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.cli", "-q", "view", str(bug_dump), "--no-browser",
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(bug_dump), "--no-browser",
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None
@@ -342,7 +342,7 @@ def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
     env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                                                 if not (Path(p) / "dot").exists()))
     out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "tvm_probe.cli", "-q", "compare", str(bug_dump), "-o", str(out)],
+    run = subprocess.run([sys.executable, "-m", "tvm_probe.app.cli", "-q", "compare", str(bug_dump), "-o", str(out)],
                          env=env, capture_output=True, text=True, check=False)
     assert run.returncode == 1 and (out / "graph.svg").is_file(), run.stderr  # 1: it diverges
     browser = Chromium((out / "report.html").as_uri(), size=(1200, 1600))
@@ -364,8 +364,8 @@ def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
 def test_the_own_layout_keeps_200_kernels_apart():
     """A 200-kernel graph with branches and long skips: no two boxes overlap, every edge joins boxes."""
     from tvm_probe import report
-    from tvm_probe.results import NodeInfo, Results
-    from tvm_probe.sources import Served, Serving, SourceMap, SourceValue
+    from tvm_probe.core.results import NodeInfo, Results
+    from tvm_probe.core.sources import Served, Serving, SourceMap, SourceValue
 
     rng = np.random.default_rng(0)
     sources, nodes = SourceMap(), [NodeInfo(index=0, name="x", op="null", output_keys=[["x"]])]
@@ -405,7 +405,7 @@ def test_a_pytorch_dump_shows_its_exported_program_with_the_overlays(tmp_path):
 
     from support.torch_models import tiny_torch_bert
     from tvm_probe import compare, load_dump, torch_values
-    from tvm_probe.view import export
+    from tvm_probe.show.view import export
 
     module, args = tiny_torch_bert()
     probe = Probe.from_torch(module, args)
@@ -431,7 +431,7 @@ def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
     """`tvm-probe run configs/demo.yaml` records the demo as its config gave it (a preset and
     sizes): the view builds that same model again."""
     from tvm_probe import demo, load_dump
-    from tvm_probe.view import export
+    from tvm_probe.show.view import export
 
     model = demo.tiny_bert(num_layers=1)
     probe = Probe.from_onnx(model)
@@ -444,7 +444,7 @@ def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
 def test_a_model_record_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path):
     """A dump recording a model kind compare/view cannot rebuild is refused, never read as the demo."""
     from tvm_probe import ProbeError, demo, load_dump
-    from tvm_probe.dump_reference import compare_dump
+    from tvm_probe.app.dump_reference import compare_dump
 
     model = demo.tiny_bert(num_layers=1)
     probe = Probe.from_onnx(model)

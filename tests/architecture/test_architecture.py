@@ -70,7 +70,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_lazy_imports_included():
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
-    assert "tvm_probe.device" in graph["tvm_probe.recompute"]  # the walk sees imports at all
+    assert "tvm_probe.core.device" in graph["tvm_probe.capture.recompute"]  # the walk sees imports at all
     assert _cycles(graph) == []
 
 
@@ -93,9 +93,9 @@ def _code_lines(path: Path):
 
 
 @pytest.mark.parametrize("fact, pattern, home", [
-    ("the pipeline names", r"""["']default["'],\s*["']fused["']""", {"tvm_probe/schema.py"}),
-    ("the default target", r"""=\s*["']llvm["']""", {"tvm_probe/schema.py"}),
-    ("target kind -> device", r"""["']llvm["']\s*:\s*["'](cpu|CPU)""", {"tvm_probe/device.py"}),
+    ("the pipeline names", r"""["']default["'],\s*["']fused["']""", {"tvm_probe/core/schema.py"}),
+    ("the default target", r"""=\s*["']llvm["']""", {"tvm_probe/core/schema.py"}),
+    ("target kind -> device", r"""["']llvm["']\s*:\s*["'](cpu|CPU)""", {"tvm_probe/core/device.py"}),
     ("the debug graph file name", r"_tvmdbg_graph_dump\.json", {"tvm_probe/store/graph.py"}),
 ])
 def test_each_fact_has_one_home(fact, pattern, home):
@@ -105,14 +105,14 @@ def test_each_fact_has_one_home(fact, pattern, home):
 
 
 def test_exit_help_follows_the_exit_statuses():
-    from tvm_probe.schema import EXIT_HELP, Exit
+    from tvm_probe.core.schema import EXIT_HELP, Exit
 
     for status in Exit:
         assert f"{int(status)} {status.meaning}" in EXIT_HELP
 
 
 def test_bfloat16_tensors_count_their_bytes():
-    from tvm_probe.dtypes import itemsize, nbytes
+    from tvm_probe.core.dtypes import itemsize, nbytes
 
     assert itemsize("bfloat16") == 2 and itemsize("float8_e4m3fn") == 1 and itemsize("bool") == 1
     assert nbytes((3, 4), "bfloat16") == 24 and itemsize("int4") is None and itemsize("float32x4") is None

@@ -20,7 +20,7 @@ def test_package_docstring_example_runs():
     example = tvm_probe.__doc__.split("\n\n")[1]
     scope: dict = {}
     exec(compile("\n".join(line[4:] for line in example.splitlines()), "tvm_probe.__doc__", "exec"), scope)
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     probe, model = scope["probe"], scope["model"]
     key = probe.resolve("layer_._0/attention/self/MatMul")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from tvm_probe import Probe
-from tvm_probe.schema import PIPELINES
-from tvm_probe.sources import Served
+from tvm_probe.core.schema import PIPELINES
+from tvm_probe.core.sources import Served
 
 
 @pytest.fixture(scope="module", params=PIPELINES)

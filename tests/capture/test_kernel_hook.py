@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from tvm_probe.instrument import Instrument
-from tvm_probe.sources import Served
+from tvm_probe.capture.instrument import Instrument
+from tvm_probe.core.sources import Served
 
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tvm_probe import Probe
-from tvm_probe.kernel_hook import HOOK
-from tvm_probe.sources import Served
+from tvm_probe.capture.kernel_hook import HOOK
+from tvm_probe.core.sources import Served
 
 
 @pytest.fixture(autouse=True)

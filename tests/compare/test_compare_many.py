@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_probe.compare import compare_arrays, compare_many
-from tvm_probe.tolerance import Tolerance, default_tolerance
+from tvm_probe.comparison.verdict import compare_arrays, compare_many
+from tvm_probe.core.tolerance import Tolerance, default_tolerance
 
 SPECIAL = [0.0, -0.0, 1e-310, 1e30, np.nan, np.inf, -np.inf]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 from tvm_probe import Probe, ProbeError, demo, load_dump
-from tvm_probe.cli import main
-from tvm_probe.compare import compare
+from tvm_probe.app.cli import main
+from tvm_probe.comparison.verdict import compare
 
 SOFTMAX = "tf_bert_for_sequence_classification/bert/encoder/layer_._0/attention/self/Softmax"
 

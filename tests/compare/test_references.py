@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tvm_probe import ProbeError, Reference, get_reference, register_reference
-from tvm_probe.config import ConfigError, load_config
-from tvm_probe.investigate import investigate
-from tvm_probe.reference import reference_names
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.schema import Exit
+from tvm_probe.app.config import ConfigError, load_config
+from tvm_probe.app.investigate import investigate
+from tvm_probe.comparison.reference import reference_names
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.schema import Exit
 
 SHIFTED = "tf_bert_for_sequence_classification/bert/encoder/layer_._0/attention/self/Softmax:0"
 

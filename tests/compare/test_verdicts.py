@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.compare import compare, compare_arrays
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.verdict import compare, compare_arrays
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 NAN, INF = np.nan, np.inf
 

@@ -11,7 +11,7 @@ import pytest
 
 from tvm_probe import Probe, demo
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 from support.handwritten_models import merged_qkv_bert
 from support.models import cnn_inputs, folding_model, small_cnn, split_model
 

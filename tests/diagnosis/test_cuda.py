@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tvm_probe import PipelineError, Probe, TVMRunError, demo
-from tvm_probe.build import parse_target
-from tvm_probe.capture import INSTRUMENT_ENV, CapturePlan, DebugExecutor
+from tvm_probe.build.compile import parse_target
+from tvm_probe.capture.executor import INSTRUMENT_ENV, CapturePlan, DebugExecutor
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}  # explicit arch: without a GPU TVM cannot detect one
 
@@ -126,8 +126,8 @@ def test_the_device_sync_path_captures_the_same_bytes(instrument, bert1, cpu_pro
 # -- on a device ----------------------------------------------------------------------------------
 def test_cuda_values_match_onnxruntime_and_dumps_name_the_device(cuda_probe, bert1, tmp_path):
     require_cuda()
-    from tvm_probe.compare import compare
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.verdict import compare
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model, inputs = bert1
     cuda_probe.run(inputs)

@@ -6,11 +6,11 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 from tvm_probe import InputError, Probe, TVMCompileError
-from tvm_probe.compare import compare
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.verdict import compare
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 from support.models import small_cnn
 

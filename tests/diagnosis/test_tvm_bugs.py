@@ -9,9 +9,9 @@ import pytest
 
 from support.tvm_bugs import BUGS
 from tvm_probe import Probe, TVMError
-from tvm_probe.cli import main
-from tvm_probe.compare import compare
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.app.cli import main
+from tvm_probe.comparison.verdict import compare
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 DIVERGENCES = sorted(name for name, bug in BUGS.items() if bug.kind == "divergence")
 COMPILE_FAILURES = sorted(name for name, bug in BUGS.items() if bug.kind == "compile")

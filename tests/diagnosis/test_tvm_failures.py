@@ -18,18 +18,18 @@ import re
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import PipelineError, ProbeError
-from tvm_probe.build import compile_with_snapshots
-from tvm_probe.errors import ModelError, TVMCompileError, TVMError, TVMRunError
-from tvm_probe.errors import tvm_message
-from tvm_probe.failures import CompileWarning, run_failure
+from tvm_probe.build.compile import compile_with_snapshots
+from tvm_probe.core.errors import ModelError, TVMCompileError, TVMError, TVMRunError
+from tvm_probe.core.errors import tvm_message
+from tvm_probe.diagnose.failures import CompileWarning, run_failure
 from tvm_probe.importer.torch import stack_origin
-from tvm_probe.native_log import native_log_to_logging, release_native
+from tvm_probe.core.native_log import native_log_to_logging, release_native
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.kernel_map import build_kernel_map
+from tvm_probe.kernel_map.mapping import build_kernel_map
 
 from support import SUPPORT
 
@@ -132,7 +132,7 @@ def _empty_slice():
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_empty_negative_step_slice_names_the_pass_and_the_node(pipeline, capfd):
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model, feeds = _empty_slice()
     assert onnxruntime_values(model, feeds)["bug/slice:0"].shape == (0,)  # valid ONNX: empty
@@ -255,7 +255,7 @@ def test_a_kernel_that_raises_at_run_time_is_named():
     from tvm import relax
 
     from tvm_probe.importer.model import ImportedModel
-    from tvm_probe.sources import Kind, SourceMap, SourceValue
+    from tvm_probe.core.sources import Kind, SourceMap, SourceValue
 
     @tvm.register_global_func("tvm_probe_tests.refuse", override=True)
     def _refuse(x, out):
@@ -366,7 +366,7 @@ def test_tvm_native_log_never_follows_a_one_line_error(capfd):
 
 def test_warnings_reach_the_report_and_survive_a_dump(tmp_path):
     from tvm_probe import Probe, load_dump
-    from tvm_probe.report import write_report
+    from tvm_probe.show.report import write_report
 
     model = _pow_gather_model()
     probe = Probe.from_onnx(model, pipeline="fused")

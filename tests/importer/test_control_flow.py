@@ -16,11 +16,11 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from tvm_probe import Probe
-from tvm_probe.errors import ProbeError, UnsupportedOpError
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.schema import PIPELINES
-from tvm_probe.sources import Kind, Served
-from tvm_probe.tolerance import Tolerance, within
+from tvm_probe.core.errors import ProbeError, UnsupportedOpError
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.schema import PIPELINES
+from tvm_probe.core.sources import Kind, Served
+from tvm_probe.core.tolerance import Tolerance, within
 
 TOL = Tolerance(1e-5, 1e-4)
 

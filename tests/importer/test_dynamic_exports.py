@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -19,8 +19,8 @@ pytest.importorskip("onnxscript")
 
 from tvm_probe import ModelError, Probe  # noqa: E402
 from tvm_probe.importer.onnx import import_onnx, load_onnx  # noqa: E402
-from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
-from tvm_probe.sources import Kind  # noqa: E402
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values  # noqa: E402
+from tvm_probe.core.sources import Kind  # noqa: E402
 
 from support.hf_models import TEXT_AXES, export_dynamo, export_legacy, hf_bert, hf_gpt2, logits  # noqa: E402
 from support.torch_models import eager_module_outputs, tiny_torch_cnn  # noqa: E402

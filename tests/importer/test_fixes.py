@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import ModelError, PipelineError, Probe
-from tvm_probe.build import compile_with_snapshots
+from tvm_probe.build.compile import compile_with_snapshots
 from tvm_probe.importer.fixes import FIXES, AppliedFix, unfixed_hint
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 vi = helper.make_tensor_value_info
 
@@ -197,7 +197,7 @@ def test_bool_compare_constant(how, written):
     from tvm.relax.frontend.torch import from_exported_program
 
     from tvm_probe.importer.torch import export_program, import_torch
-    from tvm_probe.reference.torch import torch_values
+    from tvm_probe.comparison.reference.torch import torch_values
 
     module, args = _bool_compare(how)
     plain = from_exported_program(export_program(module, args))

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 from tvm_probe import AmbiguousNameError, Probe, ValueUnavailableError
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.sources import Kind
+from tvm_probe.core.sources import Kind
 
 from support.models import folding_model, split_model
 
@@ -34,7 +34,7 @@ def test_every_onnx_tensor_is_a_source_value(bert_model):
 
 def test_folded_identity_and_dead_values_are_served_honestly():
     """FoldConstant-folded, identity-of-input and dead values, under both pipelines."""
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model, inputs = folding_model()
     ref = onnxruntime_values(model, inputs)
@@ -53,7 +53,7 @@ def test_folded_identity_and_dead_values_are_served_honestly():
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_multi_output_node_answers_to_node_colon_k_and_tensor_names(pipeline):
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model, inputs = split_model()
     ref = onnxruntime_values(model, inputs)

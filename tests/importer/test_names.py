@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tvm_probe import AmbiguousNameError, UnknownNameError
-from tvm_probe.names import NameIndex
-from tvm_probe.sources import SourceValue
+from tvm_probe.core.names import NameIndex
+from tvm_probe.core.sources import SourceValue
 
 
 @pytest.fixture

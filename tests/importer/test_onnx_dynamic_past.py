@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import ModelError, Probe, UnknownNameError
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 ATOL = 1e-4
 CACHE = ["k0", "v0", "k1", "v1"]
@@ -117,7 +117,7 @@ def _export(tmp_path_factory, dynamo: bool):
     pytest.importorskip("transformers")
     from support.hf_models import hf_decoder
 
-    from tvm_probe.hf import _example_decode, cache_shape, make_cache_step
+    from tvm_probe.llm.hf import _example_decode, cache_shape, make_cache_step
 
     step = make_cache_step(hf_decoder("llama"))
     args = _example_decode(cache_shape(step), 1, past=3)
@@ -206,7 +206,7 @@ def test_dynamo_export_with_the_shapes_the_error_names_equals_onnxruntime(dynamo
 def test_legacy_export_under_the_fused_pipeline_serves_right_values_or_says_why(legacy_export):
     """Fused kernels of the symbolic decoder take shapes FuseTIR computed: a value recomputed
     inside one is right, or refused in one line (never a raw error, never a wrong value)."""
-    from tvm_probe.errors import ValueUnavailableError
+    from tvm_probe.core.errors import ValueUnavailableError
 
     probe = Probe.from_onnx(legacy_export, pipeline="fused")
     feeds = _feeds(3)

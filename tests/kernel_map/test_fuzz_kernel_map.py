@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import Probe
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.sources import Kind, Served
-from tvm_probe.tolerance import Tolerance, within
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.sources import Kind, Served
+from tvm_probe.core.tolerance import Tolerance, within
 
 from support.fuzz_graphs import live_tensors
 
@@ -227,7 +227,7 @@ def codertimo():
 @pytest.mark.slow
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_handwritten_bert_from_torch(codertimo, pipeline):
-    from tvm_probe.reference.torch import torch_values
+    from tvm_probe.comparison.reference.torch import torch_values
 
     model, args = codertimo
     probe = Probe.from_torch(model, args, pipeline=pipeline)
@@ -280,7 +280,7 @@ def test_verify_catches_a_wrong_mapping(pipeline):
     """verify() is not a rubber stamp: a deliberately swapped place is reported as a mismatch."""
     from dataclasses import replace
 
-    from tvm_probe.kernel_map import PlaceKind, classify
+    from tvm_probe.kernel_map.mapping import PlaceKind, classify
 
     rng = np.random.default_rng(6)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["a"], name="a"),

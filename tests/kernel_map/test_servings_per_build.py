@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import Probe
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.sources import Kind, Served
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.sources import Kind, Served
 
 
 def _model():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tvm_probe import AmbiguousNameError, NotCapturedError, Probe, UnknownNameError
-from tvm_probe.kernel_map import ArgKind
-from tvm_probe.sources import Kind
+from tvm_probe.kernel_map.mapping import ArgKind
+from tvm_probe.core.sources import Kind
 
 from support.session import SERVED_COUNTS
 
@@ -58,7 +58,7 @@ def test_model_outputs_bit_identical_with_and_without_capture(bert_probe, bert_m
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tvm_probe.build import compile_plain
+    from tvm_probe.build.compile import compile_plain
 
     captured = bert_probe.run(bert_inputs, capture="all")["logits"]
     uncaptured = bert_probe.run(bert_inputs, capture=None)["logits"]
@@ -88,7 +88,7 @@ def test_probe_runs_the_same_kernel_calls_as_a_plain_build(bert_probe, bert_mode
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tvm_probe.build import compile_plain
+    from tvm_probe.build.compile import compile_plain
 
     arrays = [tvm.runtime.tensor(bert_inputs[s.name]) for s in bert_probe.inputs]
     plain_vm = relax.VirtualMachine(compile_plain(from_onnx(bert_model), "llvm", bert_probe.pipeline), tvm.cpu())
@@ -188,7 +188,7 @@ def test_a_run_that_will_recompute_builds_the_cuts_alongside_itself(bert_model, 
 def test_a_cut_build_that_fails_alongside_the_run_is_reported_on_read(bert_model, bert_inputs, bert_reference,
                                                                       monkeypatch):
     from tvm_probe import recompute
-    from tvm_probe.errors import ProbeError
+    from tvm_probe.core.errors import ProbeError
 
     def failing(groups, target):
         raise ProbeError(f"cannot recompute values inside kernel {groups[0].name}: LLVM said no")

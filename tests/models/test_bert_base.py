@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvm_probe import Probe, demo
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 
 @pytest.mark.slow

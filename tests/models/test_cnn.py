@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 from tvm_probe import Probe
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.sources import Kind
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.sources import Kind
 
 from support.models import cnn_inputs, small_cnn
 

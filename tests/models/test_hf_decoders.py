@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tvm_probe import Probe, TVMError  # noqa: E402
-from tvm_probe.reference.torch import torch_values  # noqa: E402
-from tvm_probe.sources import Kind  # noqa: E402
+from tvm_probe.comparison.reference.torch import torch_values  # noqa: E402
+from tvm_probe.core.sources import Kind  # noqa: E402
 
 from support.hf_models import LogitsOnly, decoder_ids, eager_forward_outputs, hf_decoder  # noqa: E402
 

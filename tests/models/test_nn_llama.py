@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from support.nn_llama import LlamaConfig, LlamaForCausalLM, hf_llama, mlc_weights  # noqa: E402
 from tvm_probe import Probe  # noqa: E402
-from tvm_probe.calls import compare_calls  # noqa: E402
-from tvm_probe.errors import ModelError, UnknownNameError  # noqa: E402
+from tvm_probe.probe.calls import compare_calls  # noqa: E402
+from tvm_probe.core.errors import ModelError, UnknownNameError  # noqa: E402
 
 CONFIG = LlamaConfig()
 

@@ -7,7 +7,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from tvm_probe import Probe, load_dump  # noqa: E402
-from tvm_probe.errors import InputError, ModelError, NotRunError, ProbeError, UnknownNameError  # noqa: E402
+from tvm_probe.core.errors import InputError, ModelError, NotRunError, ProbeError, UnknownNameError  # noqa: E402
 
 
 def two_functions():
@@ -152,7 +152,7 @@ def test_repeated_calls_with_tensors_keep_every_calls_values(pipeline):
     """A call repeated with the same selection and arguments passed as tensors runs through the
     executor's prepared FastCall; each call's values stay its own (their copies are cut from
     shared chunks of memory) and equal numpy's maths."""
-    from tvm_probe.kernel_hook import HOOK
+    from tvm_probe.capture.kernel_hook import HOOK
 
     p = Probe.from_relax(two_functions(), params={"w": W}, pipeline=pipeline)
     xs = [RNG.standard_normal((2, 4)).astype("float32") for _ in range(6)]
@@ -170,8 +170,8 @@ def test_a_prepared_call_that_sees_other_kernel_calls_is_not_repeated():
     """A hooked call whose kernels were called other than the kernel map says has run already:
     what it was given as it is (tensors, a KV cache) may have changed, so it is refused in one
     line instead of being run a second time; later calls go through TVM's instrument."""
-    from tvm_probe.errors import TVMBehaviourChanged
-    from tvm_probe.kernel_hook import HOOK
+    from tvm_probe.core.errors import TVMBehaviourChanged
+    from tvm_probe.capture.kernel_hook import HOOK
 
     p = Probe.from_relax(two_functions(), params={"w": W})
     x = tvm.runtime.tensor(XS[0])

@@ -16,18 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 pytest.importorskip("tflite", reason="TVM's TFLite importer needs the 'tflite' package: "
                                      "pip install 'tvm_probe[tflite]'")
 
 from tvm_probe import (AmbiguousNameError, InputError, ModelError, Probe,  # noqa: E402
                        UnsupportedOpError, load_dump)
-from tvm_probe.compare import compare  # noqa: E402
+from tvm_probe.comparison.verdict import compare  # noqa: E402
 from tvm_probe.importer.tflite import import_tflite, load_tflite, shape_differences  # noqa: E402
-from tvm_probe.reference.onnxruntime import onnxruntime_values  # noqa: E402
-from tvm_probe.reference.tflite import compare_tf_names, tflite_values  # noqa: E402
-from tvm_probe.sources import Kind  # noqa: E402
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values  # noqa: E402
+from tvm_probe.comparison.reference.tflite import compare_tf_names, tflite_values  # noqa: E402
+from tvm_probe.core.sources import Kind  # noqa: E402
 
 from support.processes import run_cli, run_python  # noqa: E402
 from support import SUPPORT  # noqa: E402

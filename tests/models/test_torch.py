@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 torch = pytest.importorskip("torch")
 
 from tvm_probe import AmbiguousNameError, ModelError, Probe, UnknownNameError, UnsupportedOpError  # noqa: E402
 from tvm_probe.importer.module_paths import module_outputs  # noqa: E402
 from tvm_probe.importer.torch import export_program, import_torch, node_keys  # noqa: E402
-from tvm_probe.reference.torch import torch_values  # noqa: E402
-from tvm_probe.sources import Kind  # noqa: E402
+from tvm_probe.comparison.reference.torch import torch_values  # noqa: E402
+from tvm_probe.core.sources import Kind  # noqa: E402
 
 from support.processes import run_cli, run_python  # noqa: E402
 from support import SUPPORT  # noqa: E402

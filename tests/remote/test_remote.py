@@ -21,9 +21,9 @@ import pytest
 
 from support.models import chained_matmuls
 from tvm_probe import Probe, TVMRunError, demo
-from tvm_probe.errors import ProbeError
-from tvm_probe.remote import RemoteError, parse_remote
-from tvm_probe.split import run_pipeline, split
+from tvm_probe.core.errors import ProbeError
+from tvm_probe.capture.remote import RemoteError, parse_remote
+from tvm_probe.tools.split import run_pipeline, split
 
 KEY = "tvm-probe-test"
 READY_S = 60  # a server is up once TVM is imported and the instrument loaded
@@ -56,7 +56,7 @@ class Server(Process):
     """``tvm-probe serve`` on a free port of 127.0.0.1; ``remote`` is how a probe reaches it."""
 
     def __init__(self, *args: str):
-        super().__init__("-m", "tvm_probe.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args)
+        super().__init__("-m", "tvm_probe.app.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args)
         self.line = _first_line(self.proc, "tvm-probe serve")
         self.port = int(self.line.split("127.0.0.1:")[1].split(",")[0].split()[0])
         self.remote = {"host": "127.0.0.1", "port": self.port}
@@ -161,8 +161,8 @@ def test_untracked_arguments_come_back_from_the_server_like_the_python_instrumen
     server keeps a copy taken before the call, and the run brings it back."""
     from test_native_capture import _site_changed
 
-    from tvm_probe.capture import CapturePlan, DebugExecutor
-    from tvm_probe.kernel_map import ArgKind, ArgSource
+    from tvm_probe.capture.executor import CapturePlan, DebugExecutor
+    from tvm_probe.kernel_map.mapping import ArgKind, ArgSource
 
     model, inputs, local = bert1
     site = next(s for s in local.kernel_map.sites if not s.is_view and s.args)
@@ -177,7 +177,7 @@ def test_untracked_arguments_come_back_from_the_server_like_the_python_instrumen
 
 
 def test_a_python_instrument_is_refused_for_a_remote_device_before_connecting(bert1, monkeypatch):
-    from tvm_probe.capture import INSTRUMENT_ENV
+    from tvm_probe.capture.executor import INSTRUMENT_ENV
 
     _, _, local = bert1
     monkeypatch.setenv(INSTRUMENT_ENV, "python")
@@ -236,7 +236,7 @@ def test_a_stock_tvm_server_is_named_as_lacking_the_instrument(bert1):
     (["--tracker", "nowhere"], "--tracker must be HOST:PORT, got 'nowhere'"),
 ])
 def test_serve_refuses_a_bad_tracker_in_one_line(args, message, capsys):
-    from tvm_probe.cli import main
+    from tvm_probe.app.cli import main
 
     assert main(["serve", "--port", "0", *args]) == 2
     assert capsys.readouterr().err == f"tvm-probe: error: {message}\n"
@@ -285,7 +285,7 @@ def _config(tmp_path, remote: str) -> Path:
 
 
 def test_a_config_with_remote_runs_there_and_dumps_here(server, tmp_path, capsys):
-    from tvm_probe.cli import main
+    from tvm_probe.app.cli import main
 
     status = main(["-q", "run", str(_config(tmp_path, f"{{host: 127.0.0.1, port: {server.port}}}"))])
     out = capsys.readouterr().out
@@ -295,7 +295,7 @@ def test_a_config_with_remote_runs_there_and_dumps_here(server, tmp_path, capsys
 
 
 def test_a_config_whose_remote_is_unreachable_fails_before_compiling(tmp_path, capsys):
-    from tvm_probe.cli import main
+    from tvm_probe.app.cli import main
 
     port = free_port()
     t0 = time.perf_counter()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tvm_probe import CorruptDumpError, DumpError, DumpExistsError, load_dump
-from tvm_probe.results import NodeInfo
-from tvm_probe.sources import Kind, Served, Serving, SourceMap, SourceValue
+from tvm_probe.core.results import NodeInfo
+from tvm_probe.core.sources import Kind, Served, Serving, SourceMap, SourceValue
 from tvm_probe.store.dump import GRAPH, MANIFEST, TENSORS, TRACE, DumpContent, write_dump
 from tvm_probe.store.graph import EXTRA, graph_json, read_graph
 

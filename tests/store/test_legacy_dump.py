@@ -111,7 +111,7 @@ def test_reads_without_tvm():
 
 
 def test_cli_ls_get_report(tmp_path, capsys):
-    from tvm_probe.cli import main
+    from tvm_probe.app.cli import main
 
     assert main(["ls", str(FIXTURE), "p*"]) == 0
     listed = capsys.readouterr().out.splitlines()

@@ -188,7 +188,7 @@ def test_cli_ctrl_c_exits_2_with_one_line(tmp_path, ctrl_c):
 
     config = tmp_path / "c.yaml"
     config.write_text(f"model: {{demo: {{num_layers: 6}}}}\noutput: {{dump: {tmp_path / 'dump'}}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.cli", "-q", "run", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "run", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 120
@@ -258,7 +258,7 @@ def test_name_resolution_never_crashes(small, name):
 def test_config_validation_never_crashes(tmp_path, data):
     import yaml
 
-    from tvm_probe.config import ConfigError, load_config
+    from tvm_probe.app.config import ConfigError, load_config
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -305,8 +305,8 @@ def test_corrupting_any_dump_file_gives_a_clear_error(small_dump, tmp_path_facto
 
 
 def test_comparison_names_the_first_nan(small):
-    from tvm_probe.compare import compare
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.verdict import compare
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model, inputs, probe = small
     clean = onnxruntime_values(model, inputs)

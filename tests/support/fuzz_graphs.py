@@ -324,8 +324,8 @@ def check_probe(probe, model, inputs, other_inputs) -> list[str]:
     "constant" values must equal onnxruntime's and not change when the inputs change; nothing
     may be "unknown".
     """
-    from tvm_probe.sources import Kind, Served
-    from tvm_probe.tolerance import Tolerance, within
+    from tvm_probe.core.sources import Kind, Served
+    from tvm_probe.core.tolerance import Tolerance, within
 
     ref, ref2 = all_values(model, inputs), all_values(model, other_inputs)
     live = live_tensors(model)

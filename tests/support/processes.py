@@ -11,7 +11,7 @@ import sys
 
 def run_cli(*args, quiet: bool = True) -> subprocess.CompletedProcess:
     """``tvm-probe ARGS`` in a fresh process, as a user's shell runs it (exit status, stdout, stderr)."""
-    return subprocess.run([sys.executable, "-m", "tvm_probe.cli", *(["--quiet"] if quiet else []), *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "tvm_probe.app.cli", *(["--quiet"] if quiet else []), *map(str, args)],
                           capture_output=True, text=True)
 
 

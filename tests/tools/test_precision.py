@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import Probe, demo
-from tvm_probe.cli import main
-from tvm_probe.compare import compare
+from tvm_probe.app.cli import main
+from tvm_probe.comparison.verdict import compare
 from tvm_probe.importer.onnx import import_onnx
-from tvm_probe.precision import BF16_REFUSED, PrecisionError, analyse, ddmin, find_keep_fp32, parse_precision
-from tvm_probe.reference.onnxruntime import onnxruntime_values
+from tvm_probe.tools.precision import BF16_REFUSED, PrecisionError, analyse, ddmin, find_keep_fp32, parse_precision
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
 FP16_MAX = 65504.0
 H = 64
@@ -211,7 +211,7 @@ def test_demo_bert_passes_in_fp16_with_an_empty_set():
 def test_all_fp32_failing_is_exit_1_with_the_numbers(ln_case):
     """A tolerance even the fp32 build cannot meet: no set is found, and the lines say so."""
     model, inputs, ref = ln_case
-    from tvm_probe.tolerance import Tolerance
+    from tvm_probe.core.tolerance import Tolerance
 
     wrong = {"y": ref["y"] + 1.0}
     search = find_keep_fp32(import_onnx(model), inputs, reference=wrong, tolerance=Tolerance(1e-3, 0))
@@ -253,7 +253,7 @@ def test_unknown_keep_name_is_refused_before_compiling(ln_case):
 
 
 def test_config_precision_key(tmp_path):
-    from tvm_probe.config import ConfigError, load_config
+    from tvm_probe.app.config import ConfigError, load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("model: {demo: {}}\nprecision: {dtype: fp16, keep_fp32: [a/b]}\n")

@@ -14,10 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from support.tvm_bugs import BUGS
 from tvm_probe import InputError
-from tvm_probe.reduce import (FILES, Checker, CompileFailure, ReduceError, Search, SubModels, TVMBuild,
+from tvm_probe.tools.reduce import (FILES, Checker, CompileFailure, ReduceError, Search, SubModels, TVMBuild,
                               _onnxruntime, _search, reduce)
-from tvm_probe.reference.onnxruntime import onnxruntime_values
-from tvm_probe.tolerance import describe_defaults
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.tolerance import describe_defaults
 
 FAST_MATH = {"kind": "llvm", "fast-math": True}
 SLOW_BUGS = [name for name in sorted(BUGS) if name != "relu_nan"]  # relu_nan's folder is checked unmarked
@@ -312,7 +312,7 @@ def _isnan_model():
 
 # ------------------------------------------------------------------ the repro.py template and failure identity
 def test_the_repro_template_is_a_runnable_script_in_the_package():
-    from tvm_probe.reduce import REPRO_TEMPLATE, repro_template
+    from tvm_probe.tools.reduce import REPRO_TEMPLATE, repro_template
 
     import tvm_probe
 
@@ -328,7 +328,7 @@ def test_the_repro_template_is_a_runnable_script_in_the_package():
 
 def test_a_written_repro_sets_every_setting():
     _, result = _reduced("slice_empty_negative_step")
-    from tvm_probe.reduce import repro_script
+    from tvm_probe.tools.reduce import repro_script
 
     script = repro_script(result)
     assert "TARGET = 'llvm'\n" in script and "REFERENCE = None  # None: onnxruntime" in script
@@ -337,7 +337,7 @@ def test_a_written_repro_sets_every_setting():
 
 
 def test_same_compile_failure_up_to_numbers_only():
-    from tvm_probe.errors import failure_identity
+    from tvm_probe.core.errors import failure_identity
 
     a = CompileFailure("compile", "InternalError", "Check failed: lv12 at 0x7f00aa in src/relax/op.cc:81: ndim 3")
     b = CompileFailure("compile", "InternalError", "Check failed: lv3 at 0x55bb in src/relax/op.cc:90: ndim 3")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tvm_probe import Probe, demo
-from tvm_probe.split import SplitError, balance, layer_boundaries, run_pipeline, split
+from tvm_probe.tools.split import SplitError, balance, layer_boundaries, run_pipeline, split
 
 MASK = "tf_bert_for_sequence_classification/bert/Mul:0"  # the extended mask, made once before layer 0
 
@@ -107,7 +107,7 @@ def _if_after_cut_model():
 
 
 def test_a_value_read_only_inside_an_if_crosses_the_cut():
-    from tvm_probe.reference.onnxruntime import onnxruntime_values
+    from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 
     model = _if_after_cut_model()
     plan = split(model, ["relu"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..schema import ModelKind
+from ..core.schema import ModelKind
 from .model import ImportedModel, InputSpec
 
 __all__ = ["ImportedModel", "InputSpec", "import_model"]

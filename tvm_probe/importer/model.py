@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..sources import SourceMap
+from ..core.sources import SourceMap
 from .fixes import AppliedFix
 
 

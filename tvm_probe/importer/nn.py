@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ModelError, one_line
+from ..core.errors import ModelError, one_line
 from .relax import FunctionModel, import_relax, public_functions, with_module_paths
 
 

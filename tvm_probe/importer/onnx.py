@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 
-from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
-from ..sources import Kind, SourceMap, SourceValue
+from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
+from ..core.sources import Kind, SourceMap, SourceValue
 from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
 from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info

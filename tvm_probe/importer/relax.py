@@ -28,8 +28,8 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from ..errors import ModelError
-from ..sources import Kind, SourceMap, SourceValue
+from ..core.errors import ModelError
+from ..core.sources import Kind, SourceMap, SourceValue
 from .model import ImportedModel, InputSpec
 from .relax_values import tensor_info
 
@@ -122,7 +122,7 @@ def import_relax(mod, params: Mapping[str, Any] | None = None, function: str = "
     """
     from tvm import relax
 
-    from ..kv_cache import opaque_notes
+    from .kv_cache import opaque_notes
 
     if function not in [gv.name_hint for gv in mod.functions]:
         raise ModelError(f"the module has no function {function!r}: it has {', '.join(public_functions(mod))}")
@@ -313,7 +313,7 @@ def check_params(mod, functions: list[str], params: Mapping[str, Any] | None) ->
 
 def function_built(built, function: str):
     """``built`` (the whole executable) as the map stage sees ``function``: view snapshots."""
-    from ..build import Snapshots
+    from ..build.compile import Snapshots
 
     s = built.snapshots
     views = Snapshots(pre_fold=function_view(s.pre_fold, function), pre_fusion=function_view(s.pre_fusion, function),
@@ -346,7 +346,7 @@ def place_arguments(model: FunctionModel, kmap, servings) -> None:
     """After ``classify``, in its table ``servings``: inputs are read from the call's arguments
     by parameter position (a function's arguments include objects, which are no source values),
     and the named elements of a tuple of weights from that tuple."""
-    from ..sources import Served, Serving
+    from ..core.sources import Served, Serving
 
     position = {keys[0]: i for i, p in enumerate(model.mod["main"].params)
                 for keys in [model.var_keys.get(p)] if keys}

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ModelError
+from ..core.errors import ModelError
 
 log = logging.getLogger(__name__)
 

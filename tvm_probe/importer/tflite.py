@@ -30,8 +30,8 @@ from typing import Union
 
 import numpy as np
 
-from ..errors import ModelError, ProbeError, UnsupportedOpError, one_line
-from ..sources import Kind, SourceMap, SourceValue
+from ..core.errors import ModelError, ProbeError, UnsupportedOpError, one_line
+from ..core.sources import Kind, SourceMap, SourceValue
 from .model import ImportedModel, InputSpec, LazyArrays
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 

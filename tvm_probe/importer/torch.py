@@ -30,8 +30,8 @@ from pathlib import PurePath
 
 import numpy as np
 
-from ..errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
-from ..sources import Kind, SourceMap, SourceValue
+from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
+from ..core.sources import Kind, SourceMap, SourceValue
 from .fixes import (BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite,
                     off_hint)
 from .model import ImportedModel, InputSpec

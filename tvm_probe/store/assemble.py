@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sources import Kind, Served
+from ..core.sources import Kind, Served
 
 # stored as node outputs, or nothing to store
 _NOT_VALUES = (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN)
@@ -60,7 +60,7 @@ def dump_calls(probe, path: Path, opts: DumpOptions) -> Path:
     import os
     import shutil
 
-    from ..errors import DumpExistsError
+    from ..core.errors import DumpExistsError
     from .atomic import replace_folder
 
     path = Path(path)

@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
-from ..results import NodeInfo, Results, not_computed
-from ..sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
-from ..viewable import Viewable
+from ..core.errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
+from ..core.results import NodeInfo, Results, not_computed
+from ..core.sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
+from ..core.viewable import Viewable
 from . import graph as graph_layout
 from . import legacy, paramdict
 from .atomic import replace_folder
@@ -457,7 +457,7 @@ class DumpReader(Results, Viewable):
     @property
     def compile_warnings(self) -> list:
         """TVM's compile warnings with the source ops they concern (:class:`~tvm_probe.failures.CompileWarning`)."""
-        from ..failures import CompileWarning
+        from ..diagnose.failures import CompileWarning
 
         return [CompileWarning.from_record(r) for r in getattr(self, "_warning_records", [])]
 

@@ -29,7 +29,7 @@ Everything here is plain JSON and :class:`~tvm_probe.results.NodeInfo`; no TVM.
 """
 from __future__ import annotations
 
-from ..results import NodeInfo
+from ..core.results import NodeInfo
 
 # The file names of TVM's debug dump layout (what v0.19's debug executor wrote, and we write).
 DEVICE_DIR_PREFIX = "_tvmdbg_device_"

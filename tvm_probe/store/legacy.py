@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import CorruptDumpError, DumpError
-from ..results import NodeInfo
-from ..sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
+from ..core.errors import CorruptDumpError, DumpError
+from ..core.results import NodeInfo
+from ..core.sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
 from .graph import GRAPH, NOP, UNKNOWN_OUTPUT
 PROBE_FILE_PREFIX = "_tvmprobe_"  # files only tvm_probe writes into the device folder
 

@@ -63,7 +63,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
+from ..core.dtypes import numpy_dtype
 
 __all__ = [
     "LIST_MAGIC",

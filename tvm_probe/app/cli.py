@@ -1,0 +1,435 @@
+"""The ``tvm-probe`` command line: parses arguments, calls one function, prints its result.
+
+    tvm-probe run CONFIG [--set KEY=VALUE]... [--verify]   the main job: probe, dump, compare, report
+    tvm-probe ls DUMP [PATTERN]                 list source values in a dump (any of their names)
+    tvm-probe get DUMP NAME [-o x.npy]          print or save one value
+    tvm-probe compare DUMP                      compare a dump with the reference of its model
+    tvm-probe diff DUMP_A DUMP_B                compare two runs of one model (builds, targets, versions)
+    tvm-probe report DUMP -o DIR                tables (CSV, HTML) and graph for a dump
+    tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
+    tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
+    tvm-probe reduce CONFIG -o DIR              smallest sub-model that still fails: a TVM bug report
+    tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
+    tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
+    tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
+
+Global options (-q, -v) go before or after the command.  The work itself lives in
+:mod:`tvm_probe.investigate` and the stage modules; the exit statuses in
+:class:`tvm_probe.schema.Exit`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..core.errors import ProbeError, TVMError, one_line
+from ..core.schema import EXIT_HELP, Exit
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse's own status is 2 as well)."""
+
+    def error(self, message):
+        self.exit(Exit.BAD_INPUT, f"tvm-probe: error: {message} (see tvm-probe --help)\n")
+
+
+def _global_options(parser, default) -> None:
+    parser.add_argument("--quiet", "-q", action="store_true", default=default, help="no progress display")
+    parser.add_argument("--verbose", "-v", action="store_true", default=default,
+                        help="log what TVM prints while compiling, and more")
+
+
+def _parser() -> argparse.ArgumentParser:
+    commands = __doc__.split("\n\n", 1)[1].split("\nGlobal options")[0]
+    p = _Parser(prog="tvm-probe",
+                description="Read any intermediate tensor of a TVM-compiled model by its source name.\n\n"
+                            + commands, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _global_options(p, False)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)  # after the command too, without resetting the top level
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def command(name, **kw):
+        return sub.add_parser(name, parents=[common], **kw)
+
+    run = command("run", help="run the investigation a YAML config describes (the main job)",
+                  description="Import and compile the model, run it once capturing intermediates, write the "
+                              "dump, compare with the reference, write the report.", epilog=EXIT_HELP)
+    _config_arguments(run)
+    run.add_argument("--verify", action="store_true",
+                     help="also check every served value against an independent unfused build (exit 3 "
+                          "if one differs: a tvm_probe problem)")
+
+    ls = command("ls", help="list the source values in a dump")
+    ls.add_argument("dump", type=Path)
+    ls.add_argument("pattern", nargs="?", default="*",
+                    help="glob over every name of a value: node, tensor, module path (default: *)")
+
+    get = command("get", help="print or save one value from a dump")
+    get.add_argument("dump", type=Path)
+    get.add_argument("name", help="node name, tensor name, module path, or a unique '/'-suffix of one")
+    get.add_argument("-o", "--output", type=Path, help="save as .npy instead of printing")
+
+    cmp = command("compare", help="compare a dump with the reference of its model on the dumped inputs",
+                  epilog=EXIT_HELP)
+    cmp.add_argument("dump", type=Path)
+    cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
+    _tolerance_arguments(cmp)
+    cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
+
+    diff = command("diff", help="compare two dumps of one source model by source name (DUMP_B is the reference)",
+                   description="Line up two runs of the same source model by source name, whatever their "
+                               "kernels (two pipelines, targets, dtypes, TVM versions), and compare them as "
+                               "'compare' does, DUMP_B being the reference.", epilog=EXIT_HELP)
+    diff.add_argument("dump", type=Path, help="DUMP_A: the run under test")
+    diff.add_argument("reference", type=Path, help="DUMP_B: the reference run")
+    _tolerance_arguments(diff)
+    diff.add_argument("-o", "--report", type=Path, help="also write the report (of DUMP_A) to this folder")
+
+    rep = command("report", help="write tables (CSV, HTML) and the graph for a dump")
+    rep.add_argument("dump", type=Path)
+    rep.add_argument("-o", "--output", type=Path, required=True, help="report folder")
+
+    graph = command("graph", help="write the kernel graph of a dump as DOT or SVG")
+    graph.add_argument("dump", type=Path)
+    graph.add_argument("-o", "--output", type=Path, required=True, help="graph.dot or graph.svg")
+
+    spl = command("split", help="cut the model into pipeline stages (the config's 'split' key), write the plan "
+                                "and verify the chained stages",
+                  description="Cut the model where the config's 'split' key says, export every value that "
+                              "crosses a cut, compile each stage, and check that the chained stages reproduce "
+                              "the whole model (within the tolerance, as 'compare' judges).")
+    _config_arguments(spl)
+    _tolerance_arguments(spl)
+    red = command("reduce", help="reduce a model TVM gets wrong to the smallest sub-model that still fails, "
+                                 "written as a standalone reproduction for a TVM bug report",
+                  description="Find the smallest ONNX sub-model on which the config's TVM build still diverges "
+                              "from the reference (or fails to compile) the same way, and write DIR: model.onnx, "
+                              "inputs.npz, expected.npz, repro.py (tvm + onnxruntime + numpy only), README.md.")
+    _config_arguments(red)
+    red.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
+    red.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    srv = command("serve", help="run a TVM RPC server whose sessions tvm_probe can instrument (on the device)",
+                  description="Serve TVM RPC sessions that load tvm_probe's native instrument, so that a probe on "
+                              "another machine (remote={host, port} or {tracker, key}) can run its executable here "
+                              "and bring every captured tensor back.  Stop it with Ctrl-C.")
+    srv.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, every interface)")
+    srv.add_argument("--port", type=int, default=9190, help="port to listen on; 0 picks a free one (default: 9190)")
+    srv.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
+    srv.add_argument("--key", default="", help="the device key clients ask the tracker for")
+    srv.add_argument("--custom-addr", help="the address to report to the tracker (default: the one it sees)")
+    _view_arguments(command)
+    _precision_arguments(command)
+    return p
+
+
+def _tolerance_arguments(parser) -> None:
+    from ..core.tolerance import default_tolerance
+
+    f32 = default_tolerance("float32")
+    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: by dtype, {f32.atol:g} for float32)")
+    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: by dtype, {f32.rtol:g} for float32)")
+
+
+def _config_arguments(parser) -> None:
+    parser.add_argument("config", type=Path, help="YAML config (see configs/example.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set pipeline=fused --set output.overwrite=true")
+
+
+# -- commands: each calls one function and prints ------------------------------------------------
+def _cmd_run(args, progress) -> int:
+    from .config import load_config
+    from .investigate import investigate
+
+    overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
+    outcome = investigate(load_config(args.config, overrides), progress)
+    if hasattr(outcome, "generation"):  # generate: (tvm_probe.hf): per step, not per value
+        for line in outcome.lines():
+            print(line)
+        return outcome.exit_code
+    probe = outcome.probe
+    served = probe.sources["served"].value_counts()
+    print(f"{len(probe.node_infos)} graph nodes; source values: " + ", ".join(f"{k} {v}" for k, v in served.items()))
+    for line in probe.findings():
+        print(line)
+    if outcome.dump:
+        print(f"dump: {outcome.dump}")
+    for kind, path in outcome.report.items():
+        print(f"{kind}: {path}")
+    if outcome.comparison is not None:
+        _print_worst(outcome.comparison)
+        print(outcome.comparison.verdict())
+    if outcome.verification is not None:
+        print(outcome.verification.summary())
+    return outcome.exit_code
+
+
+def _print_worst(comparison, n: int = 5) -> None:
+    import pandas as pd
+
+    table = comparison.table()
+    table = table[table["status"] != "dead code"]
+    if table.empty:
+        return
+    worst = table.sort_values("max_abs", ascending=False, na_position="first").head(n)
+    with pd.option_context("display.max_colwidth", 80, "display.width", 200):
+        print(worst[["name", "served", "status", "max_abs", "cosine", "note"]].to_string(index=False))
+
+
+def _cmd_ls(args, progress) -> int:
+    from ..store.dump import load_dump
+
+    print(load_dump(args.dump).find(args.pattern).to_string(index=False))
+    return Exit.OK
+
+
+def _cmd_get(args, progress) -> int:
+    import numpy as np
+
+    from ..store.dump import load_dump
+
+    value = load_dump(args.dump).get(args.name)
+    if args.output:
+        np.save(args.output, value)
+        print(f"{args.name}: {value.dtype}{list(value.shape)} saved to {args.output}")
+    else:
+        print(np.array2string(value, threshold=200, edgeitems=3))
+    return Exit.OK
+
+
+def _cmd_compare(args, progress) -> int:
+    from .dump_reference import compare_dump
+    from ..store.dump import load_dump
+
+    reader = load_dump(args.dump)
+    with progress.stage("compare") as stage:
+        comparison = compare_dump(reader, args.model, args.atol, args.rtol, stage.update)
+    return _print_comparison(args, reader, comparison)
+
+
+def _cmd_diff(args, progress) -> int:
+    from ..comparison.verdict import compare
+    from ..store.dump import load_dump
+
+    reader = load_dump(args.dump)
+    with progress.stage("diff") as stage:
+        comparison = compare(reader, load_dump(args.reference), args.atol, args.rtol,
+                             keys=reader.captured_keys, progress=stage.update)
+    return _print_comparison(args, reader, comparison)
+
+
+def _print_comparison(args, reader, comparison) -> int:
+    if args.report:
+        from ..show.report import write_report
+
+        for kind, path in write_report(args.report, reader, comparison).items():
+            print(f"{kind}: {path}")
+    _print_worst(comparison)
+    print(comparison.verdict())
+    return Exit.OK if comparison else Exit.DIVERGED
+
+
+def _cmd_report(args, progress) -> int:
+    from ..show.report import write_report
+    from ..store.dump import load_dump
+
+    for kind, path in write_report(args.output, load_dump(args.dump)).items():
+        print(f"{kind}: {path}")
+    return Exit.OK
+
+
+def _cmd_graph(args, progress) -> int:
+    from ..show.report import write_graph
+    from ..store.dump import load_dump
+
+    print(f"graph: {write_graph(load_dump(args.dump), args.output)}")
+    return Exit.OK
+
+
+def _cmd_split(args, progress) -> int:
+    from .config import load_config
+    from .investigate import split_investigation
+
+    config = load_config(args.config, args.overrides)
+    outcome = split_investigation(config, args.atol, args.rtol, progress)
+    if outcome.evenness is not None:
+        print(f"proposed cuts after {', '.join(outcome.cuts)} (slowest stage / mean = {outcome.evenness:.2f})")
+    table, stages = outcome.plan.table(), outcome.plan.stage_table()
+    print(stages.to_string(index=False))
+    print(f"{len(table)} values cross {len(outcome.cuts)} cut(s), {int(table['bytes'].sum())} bytes per inference")
+    if config.output.report is not None:
+        config.output.report.mkdir(parents=True, exist_ok=True)
+        table.to_csv(config.output.report / "split_plan.csv", index=False)
+        stages.to_csv(config.output.report / "split_stages.csv", index=False)
+        print(f"plan: {config.output.report / 'split_plan.csv'}")
+    verb = "match" if outcome.exit_code == Exit.OK else "DO NOT match"
+    print(f"chained stages {verb} the whole model: max abs difference {outcome.max_difference:.3g} "
+          f"({outcome.tolerance_rule})")
+    return outcome.exit_code
+
+
+def _cmd_reduce(args, progress) -> int:
+    from .config import load_config
+    from .investigate import reduce_investigation
+
+    result = reduce_investigation(load_config(args.config, args.overrides), args.output, args.overwrite, progress)
+    print(result.summary())
+    print(f"reproduction: {args.output}")
+    return Exit.OK
+
+
+def _cmd_serve(args, progress) -> int:
+    import logging
+
+    from ..capture.remote import Server
+
+    logging.getLogger("RPCServer").setLevel(logging.WARNING if args.quiet else logging.INFO)  # TVM's server log
+    server = Server(args.host, args.port, tracker=args.tracker, key=args.key, custom_addr=args.custom_addr)
+    print(f"tvm-probe serve: listening on {server.describe()} (Ctrl-C to stop)", flush=True)
+    server.serve_forever()
+    return Exit.OK
+
+
+# -- tvm-probe view (tvm_probe/view.py) ----------------------------------------------------------
+def _view_arguments(command) -> None:
+    view = command("view", help="look at a dump in Google's Model Explorer: the source graph with each value's "
+                                "error, and the kernels TVM fused (needs tvm_probe[view])",
+                   description="Serve Model Explorer on localhost with the source model the dump records (its "
+                               "errors against the reference, how each value is served, the kernel computing it "
+                               "and its time, as per-node overlays) and a graph of the compiled module, each fused "
+                               "kernel call a group holding its source ops.  --export writes the same as Model "
+                               "Explorer JSON files instead.")
+    view.add_argument("dump", type=Path)
+    view.add_argument("--model", type=Path, help="the source model (default: the one the dump records)")
+    view.add_argument("--port", type=int, help="port to serve on (default: the first free one from 8080)")
+    view.add_argument("--host", default="localhost", help="address to serve on (default: localhost)")
+    view.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
+    view.add_argument("--export", type=Path, metavar="DIR", help="write Model Explorer JSON files to DIR; no server")
+    view.add_argument("--overwrite", action="store_true", help="with --export: replace a non-empty DIR")
+    _tolerance_arguments(view)
+
+
+def _cmd_view(args, progress) -> int:
+    from ..store.dump import load_dump
+    from ..show.view import _model_explorer, export, reference_comparison, view
+
+    _model_explorer()  # a missing extra is said before any work
+    reader = load_dump(args.dump)
+    with progress.stage("compare"):
+        comparison = reference_comparison(reader, args.model, args.atol, args.rtol)
+    if args.export is not None:
+        files = export(reader, args.export, comparison, args.model, overwrite=args.overwrite)
+        print(f"view files: {files.folder}; to load them by hand:")
+        for line in files.commands:
+            print(f"  {line}")
+        return Exit.OK
+    view(reader, comparison, args.model, host=args.host, port=args.port, open_browser=not args.no_browser)
+    return Exit.OK
+
+
+# -- tvm-probe precision (tvm_probe/precision.py) ------------------------------------------------
+def _precision_arguments(command) -> None:
+    prec = command("precision", help="find the ops to keep in fp32 so that an fp16 build meets the tolerance; "
+                                     "write DIR/precision.yaml",
+                   description="Build the model in fp16 (TVM's ToMixedPrecision), rank its source ops by the error "
+                               "each adds by itself, and find a small set to keep in fp32 such that the outputs meet "
+                               "the tolerance (default: float16's, against the config's reference, else the fp32 "
+                               "build): every candidate is rebuilt and checked.  Writes DIR/precision.yaml (a "
+                               "'precision:' key for the config), ranking.csv and precision.html.  Exit 0 when a "
+                               "set was found, 1 when even every op in fp32 fails.", epilog=EXIT_HELP)
+    _config_arguments(prec)
+    prec.add_argument("-o", "--output", type=Path, required=True, help="folder for precision.yaml and the ranking")
+    prec.add_argument("--overwrite", action="store_true", help="replace an existing precision.yaml")
+    prec.add_argument("--atol", type=float, help="absolute tolerance of the outputs (default: float16's, 5e-3)")
+    prec.add_argument("--rtol", type=float, help="relative tolerance of the outputs (default: float16's, 5e-3)")
+
+
+def _cmd_precision(args, progress) -> int:
+    from .config import load_config
+    from .investigate import precision_investigation
+
+    outcome = precision_investigation(load_config(args.config, args.overrides), args.output, args.atol, args.rtol,
+                                      args.overwrite, progress)
+    for line in outcome.search.lines():
+        print(line)
+    for kind, path in outcome.files.items():
+        print(f"{kind}: {path}")
+    return outcome.exit_code
+
+
+_COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
+             "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split, "serve": _cmd_serve, "view": _cmd_view}
+
+
+_COMMANDS["precision"] = _cmd_precision
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``tvm-probe`` console script."""
+    from .progress import Progress
+
+    args = _parser().parse_args(argv)
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    progress = Progress(enabled=False if args.quiet else None)
+    try:
+        status = _COMMANDS[args.command](args, progress)
+    except TVMError as err:
+        status = _error(f"TVM failed: {err}", Exit.TVM_FAILED, err)
+    except ProbeError as err:
+        status = _error(f"error: {err}", Exit.BAD_INPUT, err)
+    except KeyboardInterrupt:  # dumps and reports are written atomically: nothing half-written remains
+        status = _error("error: interrupted (no partial dump or report is left behind)", Exit.BAD_INPUT)
+    except BrokenPipeError:  # `tvm-probe get ... | head`
+        status = Exit.OK
+    except Exception as err:  # a bug: keep it apart from divergence (1) and bad input (2)
+        if os.environ.get("TVM_PROBE_TRACEBACK"):
+            raise
+        status = _error(f"internal error: {type(err).__name__}: {one_line(err)} (a bug in tvm_probe or an "
+                        "unsupported TVM behaviour; set TVM_PROBE_TRACEBACK=1 for the traceback)", Exit.INTERNAL)
+    return int(status)
+
+
+def console_main() -> None:
+    """The console script: :func:`main`, then exit with its status whatever Ctrl-C does now.
+
+    While the interpreter shuts down, Python restores the default SIGINT action, so a late
+    Ctrl-C would kill the process with the signal (status -2) after the result was printed.
+    """
+    try:
+        status = main()
+    except KeyboardInterrupt:  # before main's own handling began (while parsing arguments)
+        status = _error("error: interrupted", Exit.BAD_INPUT)
+    _ignore_late_interrupts()
+    sys.exit(status)
+
+
+def _error(message: str, status: Exit, err: BaseException | None = None) -> Exit:
+    """Print the one-line error, after freeing the TVM objects ``err``'s traceback holds: a failed
+    importer's BlockBuilder logs "destroyed with remaining blocks!" when freed, and that belongs
+    in the log (-v), not after the line on stderr."""
+    if err is not None:
+        from ..core.native_log import native_log_to_logging, release_native
+
+        with native_log_to_logging():
+            release_native(err)
+    print(f"tvm-probe: {message}", file=sys.stderr)
+    return status
+
+
+def _ignore_late_interrupts() -> None:
+    """The work is done and reported: a Ctrl-C now must not turn the exit status into a signal."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (main() called from a thread): nothing to protect
+        pass
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,648 @@
+"""YAML configs: one file describes an investigation; validated whole before any work starts.
+
+Schema (``configs/example.yaml`` shows every key with comments)::
+
+    model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
+                |  {tflite: PATH, shapes: {input: [dims]}}
+                |  {torch: "FILE.py:FUNCTION" or "package.module:FUNCTION"}  (returns (module, example_inputs))
+                |  {hf: "FILE.py:FUNCTION"}  (returns a transformers *ForCausalLM; needs generate:)
+    generate:   {prompt: [ids] | random, steps: N, seed: S, length: L}   (model: {hf: ...} only)
+    inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
+    target:     llvm
+    pipeline:   default | fused
+    capture:    all | [NAME or PATTERN, ...]
+    reference:  none | onnxruntime | torch | tflite | {runtime: ..., model: PATH, atol: X, rtol: X,
+                                      tolerances: {PATTERN: {atol: X, rtol: X}}}
+                | {tvm: {pipeline: default|fused, target: T}, atol: ..., ...}   (another TVM build)
+                (atol/rtol default by dtype, see tvm_probe.tolerance)
+    output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false, weights: false}
+    split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
+    verify:     false | true   (check every served value against an independent unfused build)
+    import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
+    remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
+    precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.precision)
+
+Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
+at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
+relative to the config file's folder.  CLI ``--set key.path=value`` overrides go through the
+same validation, so options and YAML keys are one schema.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ProbeError
+from ..comparison.reference import get_reference, reference_for, reference_names
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, ModelKind, name_matches
+from ..core.tolerance import Tolerance
+
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+class ConfigError(ProbeError):
+    """A config file is not valid; the message lists every problem with its line."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model: an ONNX or TFLite file, the built-in demo with its sizes, or a PyTorch factory."""
+
+    onnx: Path | None = None
+    demo: dict | None = None
+    shapes: dict = field(default_factory=dict)
+    torch: str | None = None   # "file.py:function" (resolved path) or "package.module:function"
+    tflite: Path | None = None
+    hf: str | None = None      # "file.py:function" returning a transformers *ForCausalLM (issue 24)
+
+    def load_torch(self):
+        """``(module, example_inputs)`` from the factory this spec names (a torch model)."""
+        result = self._factory(self.torch, "torch")()
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(f"model.torch: {self.torch!r} must return (module, example_inputs), "
+                              f"got {type(result).__name__}")
+        return result
+
+    def load_hf(self):
+        """The transformers causal LM the ``hf`` factory returns."""
+        return self._factory(self.hf, "hf")()
+
+    @staticmethod
+    def _factory(name: str, key: str):
+        import importlib
+        import importlib.util
+
+        where, _, func = name.rpartition(":")
+        try:
+            if where.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            else:
+                module = importlib.import_module(where)
+            return getattr(module, func)
+        except Exception as err:
+            raise ConfigError(f"model.{key}: cannot load {name!r} ({type(err).__name__}: {err}): "
+                              "give 'file.py:function' or 'package.module:function'") from None
+
+    @property
+    def kind(self) -> ModelKind:
+        """The kind of model this spec names (demo: the ONNX model built in code)."""
+        if self.hf is not None:
+            return ModelKind("torch")  # a PyTorch model: references and checks as for torch
+        return next((ModelKind(k) for k in ("onnx", "tflite", "torch") if getattr(self, k) is not None),
+                    ModelKind.DEMO)
+
+    def load(self):
+        """The model this spec names: an ``onnx.ModelProto`` (ONNX and demo), the parsed TFLite
+        model, or ``(module, example_inputs)`` for a PyTorch factory."""
+        if self.torch is not None:
+            return self.load_torch()
+        if self.tflite is not None:
+            from ..importer.tflite import load_tflite
+
+            return load_tflite(self.tflite)
+        if self.onnx is not None:
+            from ..importer.onnx import load_onnx
+
+            return load_onnx(self.onnx)
+        from ..importer import demo
+
+        sizes = dict(self.demo or {})
+        merged = {**demo.PRESETS[sizes.pop("preset", "tiny")], **sizes}
+        if "hidden" in sizes and "intermediate" not in sizes:
+            merged["intermediate"] = None  # follow the new hidden size (4x), not the preset's
+        return demo.build(merged)
+
+    def describe(self) -> dict:
+        """JSON-friendly description, stored in dumps so ``tvm-probe compare DUMP`` can reload it."""
+        if self.onnx is not None:
+            return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
+        if self.torch is not None:
+            return {"torch": self.torch}
+        if self.hf is not None:
+            return {"hf": self.hf}
+        if self.tflite is not None:
+            return {"tflite": str(self.tflite.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
+        return {"demo": dict(self.demo or {})}
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """One input's values: random (seed, shape, dtype, range) or a .npy/.npz file."""
+
+    name: str
+    random: dict | None = None
+    file: Path | None = None
+    key: str | None = None
+
+    def load(self, spec=None) -> np.ndarray:
+        """The array; ``spec`` (the model's InputSpec) fills in a random input's shape/dtype."""
+        if self.file is not None:
+            return _load_array(self.file, self.key, self.name)
+        opts = dict(self.random or {})
+        shape = tuple(opts.get("shape") or (spec.shape if spec else ()))
+        dtype = np.dtype(opts.get("dtype") or (spec.dtype if spec else "float32"))
+        rng = np.random.default_rng(opts.get("seed", 0))
+        low, high = opts.get("low", 0 if dtype.kind in "iub" else -1.0), opts.get("high")
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(bool)
+        if dtype.kind in "iu":
+            return rng.integers(low, high if high is not None else 2, size=shape, dtype=dtype)
+        return rng.uniform(low, high if high is not None else 1.0, size=shape).astype(dtype)
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """``generate:``: the prompt (token ids, or ``"random"``: ``length`` ids from ``seed``) and
+    the number of new tokens; ``tvm-probe run`` compares every step (see :mod:`tvm_probe.hf`)."""
+
+    prompt: tuple | str = "random"
+    steps: int = 1
+    seed: int = 0
+    length: int = 8
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference runtime and tolerances.
+
+    ``atol``/``rtol`` of None mean the default for each value's dtype
+    (:func:`tvm_probe.tolerance.default_tolerance`); per-pattern overrides win, first match first.
+    """
+
+    runtime: str = "onnxruntime"
+    model: Path | None = None
+    build: dict | None = None   # runtime 'tvm': {pipeline, target} of the reference build
+    atol: float | None = None
+    rtol: float | None = None
+    tolerances: tuple[tuple[str, Tolerance], ...] = ()
+
+    def tolerance_for(self, names) -> Tolerance | None:
+        """The per-pattern tolerance of a value with these names, or None (use the default)."""
+        for pattern, tol in self.tolerances:
+            if any(name_matches(n, pattern) for n in names):
+                return tol
+        return None
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    dump: Path | None = None
+    report: Path | None = None
+    write: tuple[str, ...] = REPORT_FORMATS
+    overwrite: bool = False
+    weights: bool = False   # keep the weights in the dump (so `tvm-probe get DUMP <weight>` works)
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """Where ``tvm-probe split`` cuts: named cuts, or ``balance`` cuts at layer boundaries."""
+
+    cuts: tuple[str, ...] = ()
+    balance: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config (see the module docstring)."""
+
+    model: ModelSpec
+    inputs: tuple[InputSource, ...] = ()
+    target: str = DEFAULT_TARGET
+    pipeline: str = DEFAULT_PIPELINE
+    capture: Any = "all"
+    reference: ReferenceSpec = ReferenceSpec()
+    output: OutputSpec = OutputSpec()
+    split: SplitSpec | None = None
+    verify: bool = False    # check every served value against an independent unfused build
+    import_fixes: bool = True  # rewrite constructs TVM 0.27 cannot build (importer/fixes.py)
+    remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
+    precision: Any = None   # a tvm_probe.precision.PrecisionSpec: build in reduced precision
+    generate: Any = None    # a GenerateSpec: generate with a KV cache, compare every step (model: {hf: ...})
+    source: Path | None = None
+    overrides: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------------ loading
+def load_config(path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read, override (``key.path=value``) and validate a YAML config; raise ConfigError on any problem."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist: check the path")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+        lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file: give a YAML config") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    if data is None:
+        raise ConfigError(f"{path}: the config is empty: it needs at least a 'model' key")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: the config must be a mapping of keys (model, inputs, ...), "
+                          f"not a {type(data).__name__}")
+    overridden = {}
+    for item in overrides:
+        overridden[_apply_override(data, item)] = item
+    return _Validator(path, lines, overridden).config(data)
+
+
+def _key_lines(node, prefix=()) -> dict[tuple, int]:
+    """Key path → 1-based line, from a composed YAML node tree."""
+    import yaml
+
+    lines = {prefix: node.start_mark.line + 1} if node is not None else {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = prefix + (str(key.value),)
+            lines[path] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _key_lines(value, path).items() if k != path})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_key_lines(item, prefix + (i,)))
+    return lines
+
+
+def _apply_override(data: dict, item: str) -> tuple:
+    """Set ``key.path=value`` (the value is YAML) in ``data``; return the key path."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. --set pipeline=fused)")
+    target = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = target[part] = {}
+        target = nxt
+    try:
+        target[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+    return tuple(parts)
+
+
+def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"input {name!r}: cannot read '{path}' ({err}): give a .npy or .npz file") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            pick = key or (name if name in loaded.files else (loaded.files[0] if len(loaded.files) == 1 else None))
+            if pick not in loaded.files:
+                raise ConfigError(f"input {name!r}: '{path}' has arrays {loaded.files}: set 'key' to one of them")
+            return loaded[pick]
+    return loaded
+
+
+class _Validator:
+    """Checks every key of a parsed config, collecting every problem before raising."""
+
+    def __init__(self, path: Path, lines: dict, overridden: dict | None = None):
+        self.path, self.lines, self.problems = path, lines, []
+        self.overridden = overridden or {}   # key path → the --set item that set it
+        self.base = path.parent
+
+    def fail(self, keys: tuple, message: str) -> None:
+        """Record a problem, located by its line in the file or by the --set that made it."""
+        text = f"{'.'.join(map(str, keys)) or '(top)'}: {message}"
+        setter = next((self.overridden[keys[:n]] for n in range(len(keys), 0, -1) if keys[:n] in self.overridden),
+                      None)
+        if setter is not None:
+            self.problems.append((0, f"--set {setter}", text))
+            return
+        line = next((self.lines[keys[:n]] for n in range(len(keys), -1, -1) if keys[:n] in self.lines), 1)
+        self.problems.append((line, f"line {line}", text))
+
+    def config(self, data: dict) -> Config:
+        known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
+                 "import_fixes", "remote", "precision", "generate")
+        self.unknown_keys(data, (), known)
+        is_hf = isinstance(data.get("model"), dict) and "hf" in data["model"]
+        if "model" not in data:
+            self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
+        model = self.model(data.get("model")) if "model" in data else None
+        cfg = Config(
+            model=model or ModelSpec(demo={}),
+            inputs=self.inputs(data.get("inputs") or {}),
+            target=self.string(data, ("target",), DEFAULT_TARGET),
+            pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+            capture=self.capture(data.get("capture", "all")),
+            reference=self.reference(data.get("reference", "torch" if is_hf else "onnxruntime")),
+            output=self.output(data.get("output") or {}),
+            split=self.split(data["split"]) if "split" in data else None,
+            verify=self.flag(data, ("verify",)),
+            import_fixes=self.flag(data, ("import_fixes",), True),
+            remote=self.remote(data["remote"]) if data.get("remote") is not None else None,
+            precision=self.precision(data.get("precision")),
+            generate=self.generate(data.get("generate"), is_hf),
+            source=self.path,
+            overrides=tuple(self.overridden.values()),
+        )
+        self.compatible(cfg)
+        if self.problems:
+            self.problems.sort()
+            if len(self.problems) == 1:
+                line, where, text = self.problems[0]
+                raise ConfigError(f"{where}: {text}" if not line else f"{self.path}:{line}: {text}")
+            shown = "; ".join(f"{where}: {text}" for _, where, text in self.problems)
+            raise ConfigError(f"{self.path} has {len(self.problems)} problems: {shown}")
+        return cfg
+
+    # -- helpers ------------------------------------------------------------------------------
+    def unknown_keys(self, mapping: dict, keys: tuple, known) -> None:
+        for k in mapping:
+            if k not in known:
+                self.fail(keys + (k,), f"unknown key; valid keys here: {', '.join(known)}")
+
+    def mapping(self, value, keys: tuple) -> dict | None:
+        if not isinstance(value, dict):
+            self.fail(keys, f"must be a mapping, got {type(value).__name__}")
+            return None
+        return value
+
+    def string(self, data: dict, keys: tuple, default: str) -> str:
+        value = data.get(keys[-1], default)
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a non-empty string, got {value!r}")
+            return default
+        return value
+
+    def choice(self, data: dict, keys: tuple, choices, default: str) -> str:
+        value = data.get(keys[-1], default)
+        if value not in choices:
+            self.fail(keys, f"must be one of {', '.join(choices)}, got {value!r}")
+            return default
+        return value
+
+    def number(self, data: dict, keys: tuple, default: float | None) -> float | None:
+        value = data.get(keys[-1], default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            self.fail(keys, f"must be a number >= 0, got {value!r}")
+            return default
+        return float(value)
+
+    def flag(self, data: dict, keys: tuple, default: bool = False) -> bool:
+        value = data.get(keys[-1], default)
+        if not isinstance(value, bool):
+            self.fail(keys, f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def compatible(self, cfg: Config) -> None:
+        """What the sections say together: checked now, not after a long compile."""
+        kind, runtime = cfg.model.kind, cfg.reference.runtime
+        if runtime not in ("none", "tvm") and not get_reference(runtime).runs(kind):
+            self.fail(("reference",), f"{runtime!r} cannot run {kind.described}: use reference: "
+                                      f"{reference_for(kind).name}")
+
+    def resolve(self, value: str) -> Path:
+        """A config path: relative ones are relative to the config file's folder."""
+        return Path(os.path.normpath(self.base / value))
+
+    def existing_file(self, value, keys: tuple) -> Path | None:
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a file path, got {value!r}")
+            return None
+        path = self.resolve(value)
+        if not path.is_file():
+            self.fail(keys, f"file '{path}' does not exist")
+            return None
+        return path
+
+    def out_dir(self, value, keys: tuple) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(keys, f"must be a folder path, got {value!r}")
+            return None
+        return self.resolve(value)
+
+    # -- sections -----------------------------------------------------------------------------
+    def model(self, value) -> ModelSpec | None:
+        keys = ("model",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("onnx", "tflite", "demo", "torch", "hf", "shapes"))
+        if sum(k in value for k in ("onnx", "tflite", "demo", "torch", "hf")) != 1:
+            self.fail(keys, "give exactly one of 'onnx: PATH', 'tflite: PATH', 'demo: {...}', "
+                            "'torch: FILE.py:FUNCTION' or 'hf: FILE.py:FUNCTION'")
+            return None
+        if "torch" in value:
+            return self.torch_model(value["torch"], keys + ("torch",))
+        if "hf" in value:
+            spec = self.torch_model(value["hf"], keys + ("hf",))
+            return ModelSpec(hf=spec.torch) if spec else None
+        if "onnx" in value or "tflite" in value:
+            kind = "onnx" if "onnx" in value else "tflite"
+            shapes = value.get("shapes") or {}
+            if self.mapping(shapes, keys + ("shapes",)) is None:
+                shapes = {}
+            clean = {}
+            for name, dims in shapes.items():
+                if not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
+                    self.fail(keys + ("shapes", name), f"must be a list of positive integers, got {dims!r}")
+                else:
+                    clean[name] = tuple(dims)
+            return ModelSpec(shapes=clean, **{kind: self.existing_file(value[kind], keys + (kind,))})
+        demo = value["demo"] or {}
+        if self.mapping(demo, keys + ("demo",)) is None:
+            return None
+        from ..importer.demo import PRESETS, SIZES
+
+        self.unknown_keys(demo, keys + ("demo",), ("preset",) + SIZES)
+        if demo.get("preset", "tiny") not in PRESETS:
+            self.fail(keys + ("demo", "preset"), f"must be one of {', '.join(PRESETS)}, got {demo.get('preset')!r}")
+        for size in SIZES:
+            if size in demo and (isinstance(demo[size], bool) or not isinstance(demo[size], int) or demo[size] < 0):
+                self.fail(keys + ("demo", size), f"must be a non-negative integer, got {demo[size]!r}")
+        return ModelSpec(demo=dict(demo))
+
+    def torch_model(self, value, keys: tuple) -> ModelSpec | None:
+        where, sep, func = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+        if not sep or not where or not func.isidentifier():
+            self.fail(keys, f"must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {value!r}")
+            return None
+        if where.endswith(".py"):
+            path = self.existing_file(where, keys)
+            return ModelSpec(torch=f"{path}:{func}") if path else None
+        return ModelSpec(torch=value)
+
+    # -- generate (issue 24): a self-contained block ------------------------------------------
+    def generate(self, value, is_hf: bool):
+        """``generate: {prompt: [ids] | random, steps: N, seed: S, length: L}`` (model: {hf: ...})."""
+        keys = ("generate",)
+        if value is None:
+            if is_hf:
+                self.fail(keys, "missing: a model: {hf: ...} config needs generate: {prompt: [ids] or random, "
+                                "steps: N}")
+            return None
+        if not is_hf:
+            self.fail(keys, "needs model: {hf: FILE.py:FUNCTION} (a transformers causal LM)")
+            return None
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("prompt", "steps", "seed", "length"))
+        prompt = value.get("prompt", "random")
+        if prompt != "random" and not (isinstance(prompt, list) and prompt
+                                       and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in prompt)):
+            self.fail(keys + ("prompt",), f"must be a list of token ids (ints >= 0) or 'random', got {prompt!r}")
+            prompt = "random"
+        ints = {}
+        for key, default, low in (("steps", None, 1), ("seed", 0, 0), ("length", 8, 1)):
+            got = value.get(key, default)
+            if isinstance(got, bool) or not isinstance(got, int) or got < low:
+                self.fail(keys + (key,), f"must be an integer >= {low}, got {got!r}")
+                got = low
+            ints[key] = got
+        return GenerateSpec(prompt=tuple(prompt) if prompt != "random" else "random", **ints)
+
+    def inputs(self, value) -> tuple[InputSource, ...]:
+        keys = ("inputs",)
+        if self.mapping(value, keys) is None:
+            return ()
+        sources = []
+        for name, spec in value.items():
+            here = keys + (name,)
+            if self.mapping(spec, here) is None:
+                continue
+            self.unknown_keys(spec, here, ("random", "file", "key"))
+            if ("random" in spec) == ("file" in spec):
+                self.fail(here, "give exactly one of 'random: {...}' or 'file: PATH'")
+                continue
+            if "file" in spec:
+                sources.append(InputSource(name, file=self.existing_file(spec["file"], here + ("file",)),
+                                           key=spec.get("key")))
+                continue
+            rnd = spec["random"] or {}
+            if self.mapping(rnd, here + ("random",)) is None:
+                continue
+            self.unknown_keys(rnd, here + ("random",), ("seed", "shape", "dtype", "low", "high"))
+            if "dtype" in rnd and rnd["dtype"] not in DTYPES:
+                self.fail(here + ("random", "dtype"), f"must be one of {', '.join(DTYPES)}, got {rnd['dtype']!r}")
+            if "shape" in rnd and not (isinstance(rnd["shape"], list)
+                                       and all(isinstance(d, int) and d >= 0 for d in rnd["shape"])):
+                self.fail(here + ("random", "shape"), f"must be a list of non-negative integers, got {rnd['shape']!r}")
+            for bound in ("low", "high", "seed"):
+                if bound in rnd and (isinstance(rnd[bound], bool) or not isinstance(rnd[bound], (int, float))):
+                    self.fail(here + ("random", bound), f"must be a number, got {rnd[bound]!r}")
+            sources.append(InputSource(name, random=dict(rnd)))
+        return tuple(sources)
+
+    def capture(self, value):
+        # Names and patterns are checked against the model once it is imported.
+        if value == "all" or value is None:
+            return value
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            self.fail(("capture",), f"must be 'all' or a list of names/patterns, got {value!r}")
+            return "all"
+        return tuple(value)
+
+    def reference(self, value) -> ReferenceSpec:
+        keys = ("reference",)
+        if isinstance(value, str) or value is None:
+            value = {"runtime": value or "none"}
+        if self.mapping(value, keys) is None:
+            return ReferenceSpec()
+        self.unknown_keys(value, keys, ("runtime", "model", "tvm", "atol", "rtol", "tolerances"))
+        build = self.reference_build(value["tvm"], keys + ("tvm",)) if "tvm" in value else None
+        runtime = "tvm" if build is not None else self.choice(value, keys + ("runtime",), reference_names(), "onnxruntime")
+        if runtime == "tvm" and build is None:
+            build = {"pipeline": DEFAULT_PIPELINE, "target": DEFAULT_TARGET}
+        model = self.existing_file(value["model"], keys + ("model",)) if "model" in value else None
+        tolerances = []
+        per = value.get("tolerances") or {}
+        if self.mapping(per, keys + ("tolerances",)) is not None:
+            for pattern, tol in per.items():
+                here = keys + ("tolerances", pattern)
+                if self.mapping(tol, here) is None:
+                    continue
+                self.unknown_keys(tol, here, ("atol", "rtol"))
+                tolerances.append((str(pattern), Tolerance(self.number(tol, here + ("atol",), 0.0),
+                                                           self.number(tol, here + ("rtol",), 0.0))))
+        return ReferenceSpec(runtime=runtime, model=model, build=build,
+                             atol=self.number(value, keys + ("atol",), None),
+                             rtol=self.number(value, keys + ("rtol",), None), tolerances=tuple(tolerances))
+
+    def reference_build(self, value, keys: tuple) -> dict | None:
+        """``tvm: {pipeline, target}``: another TVM build of the same model as the reference."""
+        value = value or {}
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("pipeline", "target"))
+        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+                "target": self.string(value, keys + ("target",), DEFAULT_TARGET)}
+
+    def output(self, value) -> OutputSpec:
+        keys = ("output",)
+        if self.mapping(value, keys) is None:
+            return OutputSpec()
+        self.unknown_keys(value, keys, ("dump", "report", "write", "overwrite", "weights"))
+        write = value.get("write", list(REPORT_FORMATS))
+        if isinstance(write, str):
+            write = [write]
+        if not isinstance(write, list) or any(w not in REPORT_FORMATS for w in write):
+            self.fail(keys + ("write",), f"must be a list of {', '.join(REPORT_FORMATS)}, got {write!r}")
+            write = list(REPORT_FORMATS)
+        return OutputSpec(dump=self.out_dir(value.get("dump"), keys + ("dump",)),
+                          report=self.out_dir(value.get("report"), keys + ("report",)),
+                          write=tuple(write), overwrite=self.flag(value, keys + ("overwrite",)),
+                          weights=self.flag(value, keys + ("weights",)))
+
+    def precision(self, value):
+        """``precision: fp16 | {dtype: fp16, keep_fp32: [names]}`` (the checks of tvm_probe.precision;
+        the names are checked against the model once it is imported)."""
+        from ..core.precision import PrecisionError, parse_precision
+
+        try:
+            return parse_precision(value)
+        except PrecisionError as err:
+            self.fail(("precision",), str(err).removeprefix("precision").lstrip(": "))
+            return None
+
+    def remote(self, value):
+        """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.remote)."""
+        from ..capture.remote.spec import parse_remote, remote_problems
+
+        problems = remote_problems(value)
+        for keys, text in problems:
+            self.fail(("remote",) + keys, text)
+        return None if problems else parse_remote(value)
+
+    def split(self, value) -> SplitSpec | None:
+        keys = ("split",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("cuts", "balance"))
+        if ("cuts" in value) == ("balance" in value):
+            self.fail(keys, "give exactly one of 'cuts: [...]' or 'balance: N'")
+            return None
+        if "balance" in value:
+            n = value["balance"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                self.fail(keys + ("balance",), f"must be a positive integer (number of cuts), got {n!r}")
+                return None
+            return SplitSpec(balance=n)
+        cuts = value["cuts"]
+        if not isinstance(cuts, list) or not cuts or not all(isinstance(c, str) and c.strip() for c in cuts):
+            self.fail(keys + ("cuts",), f"must be a non-empty list of names, scopes or patterns, got {cuts!r}")
+            return None
+        return SplitSpec(cuts=tuple(cuts))

@@ -1,0 +1,390 @@
+"""Compare stage: TVM values against reference values, per source name — every value accounted for.
+
+Every value the comparison is asked about ends in exactly one of four places:
+
+* **passed** / **diverged** — compared with the reference under the rule of
+  :mod:`tvm_probe.tolerance` (NaN agrees with NaN, ±inf only with the same infinity; a NaN or
+  infinity on one side only is a divergence, described in the value's ``note``);
+* **unchecked** — asked for but not compared (not served, not captured, no reference value),
+  with the reason: this is *not* a pass;
+* **dead code** — no model output depends on it in the source graph, so the compiled model
+  need not compute it: listed, not a failure.
+
+A comparison is truthy only when nothing diverged and nothing was left unchecked.  Metrics per
+value: max abs / max rel / mean abs error and cosine similarity and SNR over the elements both
+sides hold as finite numbers, NaN/Inf counts on both sides.  :attr:`Comparison.first_divergent`
+is the earliest diverging value in source (topological) order: where to start looking.
+:attr:`Comparison.first_nonfinite` is the earliest value whose NaN/Inf differ from the
+reference's — TVM adding them or dropping them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..core.errors import ProbeError
+from ..core.sources import Kind, Served
+from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
+
+
+class Status(str, Enum):
+    """The verdict words, for a value and (in reports) for a node holding values."""
+
+    PASSED = "passed"
+    DIVERGED = "diverged"
+    FIRST_DIVERGENT = "first divergent"  # the value (or node) where divergence starts
+    UNCHECKED = "unchecked"              # asked for, not compared (it says why)
+    DEAD = "dead code"                   # no model output depends on it: never computed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class ValueComparison:
+    """One source value compared with its reference."""
+
+    key: str
+    name: str
+    served: str
+    dtype: str
+    tolerance: str
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    cosine: float
+    snr_db: float
+    nan_tvm: int
+    inf_tvm: int
+    nan_ref: int
+    inf_ref: int
+    passed: bool
+    nonfinite_differ: bool = False
+    note: str = ""
+
+    def describe(self) -> str:
+        """What is wrong, in a few words: the note (shape, NaN/Inf), else the error."""
+        return self.note or f"max abs error {self.max_abs:.3g}"
+
+
+@dataclass
+class Comparison:
+    """Every value asked about, by outcome; truthy when all were compared and passed."""
+
+    values: list[ValueComparison] = field(default_factory=list)
+    unchecked: dict[str, str] = field(default_factory=dict)  # key → why it was not compared
+    dead: dict[str, str] = field(default_factory=dict)       # key → display name (dead code)
+    names: dict[str, str] = field(default_factory=dict)      # key → display name, for messages
+    tolerance_rule: str = ""
+    first_divergent: ValueComparison | None = None
+    first_nonfinite: ValueComparison | None = None
+
+    def __bool__(self) -> bool:
+        return not self.failed and not self.unchecked
+
+    @property
+    def failed(self) -> list[ValueComparison]:
+        return [v for v in self.values if not v.passed]
+
+    def add(self, cmp: ValueComparison) -> None:
+        """Record one compared value (in source order: the first failure is the first divergent)."""
+        self.values.append(cmp)
+        self.names[cmp.key] = cmp.name
+        if not cmp.passed and self.first_divergent is None:
+            self.first_divergent = cmp
+        if cmp.nonfinite_differ and self.first_nonfinite is None:
+            self.first_nonfinite = cmp
+
+    def table(self):
+        """DataFrame: one row per value asked about, in source order, with its ``status``."""
+        import pandas as pd
+
+        rows = [{**v.__dict__, "status": (Status.PASSED if v.passed else Status.DIVERGED).value} for v in self.values]
+        rows += [{"key": k, "name": self.names.get(k, k), "status": Status.UNCHECKED.value, "note": why}
+                 for k, why in self.unchecked.items()]
+        rows += [{"key": k, "name": name, "status": Status.DEAD.value,
+                  "note": "no model output depends on it: the compiled model need not compute it"}
+                 for k, name in self.dead.items()]
+        columns = [f for f in ValueComparison.__dataclass_fields__] + ["status"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def verdict(self) -> str:
+        """One line accounting for every value: passed, diverged (where first), unchecked, dead code."""
+        n, bad = len(self.values), len(self.failed)
+        parts = []
+        if bad:
+            first = self.first_divergent
+            parts.append(f"{bad} of {n} compared values out of tolerance; first divergent op: "
+                         f"{first.name} ({first.describe()})")
+            if self.first_nonfinite is not None and self.first_nonfinite is not first:
+                nf = self.first_nonfinite
+                parts.append(f"first NaN/Inf difference: {nf.name} ({nf.note})")
+        elif n:
+            parts.append(f"all {n} compared values within tolerance")
+        else:
+            parts.append("no value was compared")
+        if self.unchecked:
+            key, why = next(iter(self.unchecked.items()))
+            parts.append(f"{len(self.unchecked)} value{'s' if len(self.unchecked) > 1 else ''} asked for "
+                         f"but not checked (first: {self.names.get(key, key)}: {why})")
+        if self.dead:
+            parts.append(f"{len(self.dead)} dead-code value{'s' if len(self.dead) > 1 else ''} not computed")
+        if self.tolerance_rule:
+            parts.append(self.tolerance_rule)
+        return ("" if self else "FAIL: ") + "; ".join(parts)
+
+
+# -- one value ---------------------------------------------------------------------------------
+def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.ndarray,
+                   tol: Tolerance | None = None) -> ValueComparison:
+    """Metrics of ``got`` against ``ref`` (see module docstring); ``tol`` defaults by dtype."""
+    return compare_many([(key, name, served, got, ref, tol)])[0]
+
+
+def compare_many(entries) -> list[ValueComparison]:
+    """:func:`compare_arrays` of each ``(key, name, served, got, ref, tol)``, in order.
+
+    Float values of one shape on both sides are measured together, a few numpy calls for all of
+    them (a generation compare makes hundreds a step, each a few dozen elements); those holding
+    a NaN or infinity, and the others, one by one.
+    """
+    out: list[ValueComparison | None] = [None] * len(entries)
+    together = []
+    for i, (key, name, served, got, ref, tol) in enumerate(entries):
+        g, r = np.asarray(got), np.asarray(ref)
+        tol = tol or default_tolerance(r.dtype)
+        if g.shape == r.shape and g.dtype.kind == "f" and r.dtype.kind == "f":
+            together.append((i, g, r, tol))
+        else:
+            out[i] = _compare_one(key, name, served, g, r, tol)
+    measured = _finite_metrics([(g, r, tol) for _, g, r, tol in together])
+    for (i, g, r, tol), metrics in zip(together, measured):
+        key, name, served = entries[i][:3]
+        if metrics is None:  # a NaN or infinity somewhere
+            out[i] = _compare_one(key, name, served, g, r, tol)
+        else:
+            out[i] = ValueComparison(key=key, name=name, served=served, dtype=_dtype_name(r.dtype),
+                                     tolerance=_tolerance_text(tol), **metrics, nan_tvm=0, inf_tvm=0, nan_ref=0, inf_ref=0)
+    return out
+
+
+def _compare_one(key: str, name: str, served: str, g: np.ndarray, r: np.ndarray, tol: Tolerance) -> ValueComparison:
+    """:func:`compare_arrays` of one value of any dtype, NaN and infinities included: metrics
+    over the elements both sides hold as finite numbers, pass/fail by the tolerance rule."""
+    counts = {f"{what}_{side}": 0 if a.dtype.kind not in "fc" else int(test(a).sum())
+              for side, a in (("tvm", g), ("ref", r)) for what, test in (("nan", np.isnan), ("inf", np.isinf))}
+    base = dict(key=key, name=name, served=served, dtype=_dtype_name(r.dtype), tolerance=str(tol), **counts)
+    if g.shape != r.shape:
+        return ValueComparison(**base, max_abs=np.inf, max_rel=np.inf, mean_abs=np.inf, cosine=np.nan,
+                               snr_db=-np.inf, passed=False,
+                               note=f"shape {list(g.shape)} where the reference has {list(r.shape)}")
+    g64, r64 = g.astype(np.float64), r.astype(np.float64)
+    note = _nonfinite_difference(g64, r64) if any(counts.values()) else ""
+    finite = np.isfinite(g64) & np.isfinite(r64)
+    (metrics,) = _finite_metrics([(g64[finite], r64[finite], tol)])
+    metrics["passed"] = bool(within(g, r, tol).all())
+    return ValueComparison(**base, **metrics, nonfinite_differ=bool(note), note=note)
+
+
+_TINY = np.finfo(np.float64).tiny
+
+
+def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[dict | None]:
+    """For each ``(got, ref, tol)`` of equal sizes: max abs / max rel / mean abs error, cosine,
+    SNR and ``passed`` (every element within ``tol``), or None when either holds a NaN or an
+    infinity.  All pairs in one pass over their elements laid end to end."""
+    sizes = [g.size for g, _, _ in pairs]
+    out: list[dict | None] = [_EMPTY_METRICS.copy() if not n else None for n in sizes]
+    kept = [i for i, n in enumerate(sizes) if n]
+    if not kept:
+        return out
+    if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
+        (g, r, tol), counts = pairs[kept[0]], sizes[kept[0]]
+        G, R, atol, rtol = g.ravel().astype(np.float64), r.ravel().astype(np.float64), tol.atol, tol.rtol
+        per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
+    else:
+        G = np.concatenate([pairs[i][0].ravel() for i in kept], dtype=np.float64)
+        R = np.concatenate([pairs[i][1].ravel() for i in kept], dtype=np.float64)
+        counts = np.array([sizes[i] for i in kept])
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        atol = np.repeat([pairs[i][2].atol for i in kept], counts)
+        rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
+        per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff, abs_ref = np.abs(G - R), np.abs(R)
+        # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
+        columns = [per(ufunc, a).tolist() for ufunc, a in (
+            (np.logical_and, np.isfinite(G) & np.isfinite(R)), (np.logical_and, diff <= atol + rtol * abs_ref),
+            (np.maximum, diff), (np.maximum, diff / np.maximum(abs_ref, _TINY)), (np.add, diff),
+            (np.add, G * G), (np.add, R * R), (np.add, G * R), (np.add, diff * diff),
+            (np.logical_or, (G != 0) | (R != 0)))]
+    for i, (finite, passed, max_abs, max_rel, sum_abs, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
+        if not finite:
+            continue
+        norm = math.sqrt(gg) * math.sqrt(rr)
+        cosine = gr / norm if norm > 0 else (0.0 if nonzero else 1.0)
+        ratio = rr / noise if noise else math.inf
+        snr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
+        out[i] = dict(max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / sizes[i], cosine=cosine, snr_db=snr,
+                      passed=passed)
+    return out
+
+
+_EMPTY_METRICS = dict(max_abs=0.0, max_rel=0.0, mean_abs=0.0, cosine=1.0, snr_db=np.inf, passed=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype: np.dtype) -> str:
+    return str(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _tolerance_text(tol: Tolerance) -> str:
+    return str(tol)
+
+
+def _nonfinite_difference(g: np.ndarray, r: np.ndarray) -> str:
+    """Where one side has NaN/Inf and the other something else, in words ('' when they agree)."""
+    cases = [
+        (np.isnan(r) & ~np.isnan(g), lambda m: f"TVM gives {_values(g[m])} where the reference has NaN"),
+        (np.isnan(g) & ~np.isnan(r), lambda m: f"TVM gives NaN where the reference has {_values(r[m])}"),
+        (np.isinf(r) & ~np.isnan(g) & (g != r),
+         lambda m: f"TVM gives {_values(g[m])} where the reference has {_values(r[m])}"),
+        (np.isinf(g) & np.isfinite(r), lambda m: f"TVM gives {_values(g[m])} where the reference is finite"),
+    ]
+    return "; ".join(f"{describe(mask)} at {int(mask.sum())} of {g.size} elements"
+                     for mask, describe in cases if mask.any())
+
+
+def _values(a: np.ndarray) -> str:
+    """A few words for the values at some positions: the value itself when they are all one."""
+    if a.size and (np.isnan(a).all() or (a == a.flat[0]).all()):
+        v = float(a.flat[0])
+        return "NaN" if np.isnan(v) else {np.inf: "+inf", -np.inf: "-inf"}.get(v, f"{v:g}")
+    return "finite values" if np.isfinite(a).all() else "other values"
+
+
+# -- every value -------------------------------------------------------------------------------
+class ResultsReference(Mapping):
+    """Another run as the reference — a second TVM build (pipeline, target, dtype, version) or its
+    dump — lined up by source name: ``{tensor name: value}`` over what it serves."""
+
+    def __init__(self, results):
+        self.results = results
+        self.why_missing: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.results.sources_map:
+            raise KeyError(key)
+        try:
+            return self.results.get_tensor(key)
+        except ProbeError as err:
+            self.why_missing[key] = f"the reference run does not serve it ({err})"
+            raise KeyError(key) from None
+
+    def __contains__(self, key) -> bool:
+        return key in self.results.sources_map
+
+    def __iter__(self):
+        return iter(self.results.sources_map.values)
+
+    def __len__(self) -> int:
+        return len(self.results.sources_map)
+
+
+def compare(results, reference, atol: float | None = None,
+            rtol: float | None = None, keys=None, tolerance_for: Callable | None = None,
+            progress=None) -> Comparison:
+    """Compare every value of ``results`` asked about with ``reference`` (keyed by tensor name).
+
+    ``reference`` is ``{tensor name: array}`` (onnxruntime, PyTorch, TFLite values) or another
+    run of the same source model — a Probe or a dump of another TVM build — lined up by source
+    name whatever its kernels (:class:`ResultsReference`).
+
+    Inputs and weights are not compared (they are what was fed).  Every other value asked about
+    is compared, or listed as unchecked (with why) or dead code — see the module docstring.
+
+    Args:
+        results: a :class:`~tvm_probe.Probe` after ``run``, or a dump from ``load_dump``.
+        reference: ``{tensor name: array}``, e.g. from ``onnxruntime_values``, or a Results.
+        atol, rtol: one tolerance for every value; defaults by dtype
+            (:func:`tvm_probe.tolerance.default_tolerance`).
+        keys: the tensor names asked about (default: every computed value).
+        tolerance_for: ``tolerance_for(names)`` → a Tolerance for a value with these names, or
+            None to use the default (per-pattern tolerances of a config).
+        progress: called as ``progress(done, total)`` while comparing.
+    """
+    from ..core.results import Results
+
+    if isinstance(reference, Results):
+        _check_same_model(results, reference)
+        reference = ResultsReference(reference)
+    asked = [v for v in (results.sources_map if keys is None else results.sources_map.in_order(keys))
+             if v.kind not in (Kind.INPUT, Kind.PARAM)]
+    return judge(results, [(v, v.display_name, v.key) for v in asked], lambda label, value: reference[value.key],
+                 atol, rtol, tolerance_for, progress, why_missing=getattr(reference, "why_missing", {}))
+
+
+def judge(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
+          tolerance_for: Callable | None = None, progress=None, why_missing: Mapping | None = None) -> Comparison:
+    """The :class:`Comparison` of each ``(value, name, label)`` of ``asked`` (source values, in
+    source order; one value may come several times, under several names): compared under
+    ``name`` with ``reference_of(label, value)``, or listed under ``label`` as unchecked (a
+    KeyError: no reference, for the reason ``why_missing`` gives) or dead code.  What
+    :func:`compare` and a per-call compare share."""
+    out, why_missing = Comparison(), why_missing or {}
+    dtypes, entries = set(), []
+    for done, (value, name, label) in enumerate(asked):
+        if progress is not None:
+            progress(done, len(asked))
+        out.names[label] = name
+        served = results.servings[value.key].served
+        if served is Served.UNAVAILABLE:
+            out.dead[label] = name
+            continue
+        try:
+            ref = np.asarray(reference_of(label, value))
+        except KeyError:
+            out.unchecked[label] = why_missing.get(label, "the reference has no value for it")
+            continue
+        try:
+            got = results.get_tensor(value.key)
+        except ProbeError as err:
+            out.unchecked[label] = f"not served: {err}"
+            continue
+        tol = (tolerance_for(value.names) if tolerance_for else None) or tolerance_of(ref.dtype, atol, rtol)
+        dtypes.add(ref.dtype)
+        entries.append((value.key, name, served.value, got, ref, tol))
+    for compared in compare_many(entries):  # (in source order, as asked)
+        out.add(compared)
+    out.tolerance_rule = _rule(atol, rtol, {_dtype_name(d) for d in dtypes}, tolerance_for is not None)
+    return out
+
+
+def _check_same_model(a, b) -> None:
+    """Two runs line up by source name only when they are runs of one source model."""
+    hash_a, hash_b = (getattr(r, "model_hash", "") for r in (a, b))
+    if hash_a and hash_b and hash_a != hash_b:
+        raise ProbeError("the two runs are of different models (their model hashes differ): "
+                         "a diff lines up values of one source model")
+    if not (set(a.sources_map.values) & set(b.sources_map.values)):
+        raise ProbeError("the two runs share no source name: a dump TVM's debug executor wrote has only "
+                         "its own node names, which line up only with a dump of the same TVM graph")
+
+
+def _rule(atol, rtol, dtypes, per_pattern: bool) -> str:
+    """How values were judged, for the verdict."""
+    if atol is not None and rtol is not None:
+        rule = f"tolerance atol {atol:g}, rtol {rtol:g}"
+    else:
+        shown = ", ".join(f"{d} {default_tolerance(d)}" for d in sorted(dtypes))
+        rule = f"default tolerance by dtype ({shown})" if shown else ""
+        if atol is not None or rtol is not None:
+            rule += f"; overridden: {'atol ' + format(atol, 'g') if atol is not None else ''}" \
+                    f"{'rtol ' + format(rtol, 'g') if rtol is not None else ''}"
+    return rule + ("; per-pattern tolerances where configured" if per_pattern and rule else "")

@@ -1,0 +1,201 @@
+"""Calls of a multi-function executable: what each :meth:`Probe.call` ran and captured.
+
+A :class:`CallRecord` is plain data (numbered from 0 in call order): the function, the
+:class:`~tvm_probe.capture.Capture` of that call, and what it was asked to capture.  Values are
+served from it by the function's own probe, so a name means what it means in that function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
+
+from ..core.errors import InputError, ProbeError
+
+
+@dataclass
+class CallRecord:
+    """One :meth:`Probe.call`.
+
+    Attributes:
+        index: its number (0 for the first call).
+        function: the VM function it ran.
+        capture: what the instrument copied (and the arguments, as passed).
+        wanted: the keys it was asked to capture (None: everything).
+        time_us: wall time of the VM function.
+        captured_bytes: bytes of kernel outputs copied during the call.
+        values: values recomputed from this call (kept so a second read costs nothing).
+        kv: what the paged KV caches held after the call (``paged_kv_cache.layers.0.k``...).
+    """
+
+    index: int
+    function: str
+    capture: Any
+    wanted: set | None
+    time_us: float
+    captured_bytes: int
+    values: dict = field(default_factory=dict)
+    kv: dict = field(default_factory=dict)  # KV cache contents after the call, by name
+
+
+def captured_bytes(capture) -> int:
+    """Bytes of kernel outputs ``capture`` holds (the native instrument counts them itself)."""
+    if capture.copied_bytes:
+        return int(capture.copied_bytes)
+    return int(sum(a.nbytes for site in capture.outputs for a in capture.outputs[site]))
+
+
+def as_numpy(value) -> np.ndarray:
+    """A call argument as numpy: arrays as they are, device tensors copied to the host."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    raise ProbeError(f"this argument is a {type(value).__name__}, not a tensor: it has no array value")
+
+
+class CallArguments:
+    """Every parameter's argument of one call of ``model``'s function: the caller's ``args``
+    where the caller passes them, the probe's held weights elsewhere; tensors given as numpy
+    are checked against the parameter.  Made once per function (a decode step is called
+    thousands of times).  :attr:`arrays_at`: where the last call's numpy arrays are."""
+
+    def __init__(self, model, function: str):
+        self.model, self.function = model, function
+        self.free = [i for i in range(len(model.params)) if i not in model.held]
+        self.template = [model.held.get(i) for i in range(len(model.params))]
+        from ..core.inputs import fast_check
+
+        self._checks = [fast_check(model.params[i][1]) for i in self.free]
+
+    def as_passed(self, args: tuple) -> list | None:
+        """Every parameter's argument when ``args`` need no conversion: numpy arrays that pass
+        their parameter's precompiled check (:attr:`arrays_at` says where they are) and
+        anything else as it is; else None (:meth:`__call__` then converts them, or says what
+        is wrong)."""
+        if len(args) != len(self.free):
+            return None
+        full, at = self.template.copy(), []
+        for i, value, check in zip(self.free, args, self._checks):
+            if type(value) is np.ndarray:
+                if check is None or not check(value, True):
+                    return None
+                at.append(i)
+            full[i] = value
+        self.arrays_at = at
+        return full
+
+    def __call__(self, args: tuple) -> list:
+        free = self.free
+        if len(args) != len(free):
+            params = self.model.params
+            wanted = ", ".join(f"{params[i][0]} ({params[i][1].dtype}{list(params[i][1].shape) if params[i][1].shape else ''})"
+                               for i in free)
+            raise InputError(f"{self.function}() takes {len(free)} argument(s), got {len(args)}: it takes "
+                             f"{wanted or 'none'}")
+        full, self.arrays_at = self.template.copy(), []
+        for i, value, check in zip(free, args, self._checks):
+            if isinstance(value, np.ndarray):
+                if not (check is not None and check(value, True)):
+                    from ..core.inputs import check_input
+
+                    value = check_input(self.model.params[i][1], value, allow_nonfinite=True)
+                self.arrays_at.append(i)
+            full[i] = value
+        return full
+
+
+# -- comparison per call -------------------------------------------------------------------------
+class CallComparison(NamedTuple):
+    """One call compared: its number, the function it ran, and the
+    :class:`~tvm_probe.compare.Comparison` of its values."""
+
+    call: int
+    function: str
+    comparison: Any
+
+
+class CallDivergence(NamedTuple):
+    """Where a run of calls first diverges: the call, and its first divergent value (a
+    :class:`~tvm_probe.compare.ValueComparison`)."""
+
+    call: int
+    value: Any
+
+
+@dataclass
+class CallsComparison:
+    """One :class:`~tvm_probe.compare.Comparison` per call, in call order; truthy when all are.
+
+    Attributes:
+        by_call: a :class:`CallComparison` per call compared.
+    """
+
+    by_call: list[CallComparison] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return all(bool(c) for _, _, c in self.by_call)
+
+    @property
+    def first_divergent(self) -> CallDivergence | None:
+        """The earliest call's first divergent value, or None."""
+        return next((CallDivergence(k, c.first_divergent) for k, _, c in self.by_call
+                     if c.first_divergent is not None), None)
+
+    def table(self):
+        """DataFrame: one row per call — compared, diverged, unchecked, first divergent value, max abs error."""
+        import pandas as pd
+
+        rows = [{"call": k, "function": f, "compared": len(c.values), "diverged": len(c.failed),
+                 "unchecked": len(c.unchecked),
+                 "first_divergent": c.first_divergent.name if c.first_divergent else None,
+                 "max_abs": max((v.max_abs for v in c.values), default=None)} for k, f, c in self.by_call]
+        return pd.DataFrame(rows, columns=["call", "function", "compared", "diverged", "unchecked",
+                                           "first_divergent", "max_abs"])
+
+    def verdict(self) -> str:
+        """One line per call (its :meth:`Comparison.verdict`)."""
+        return "\n".join(f"call {k} ({f}): {c.verdict()}" for k, f, c in self.by_call)
+
+
+def compare_call(probe, reference: Mapping, call: int | None = None, name_map: Mapping | None = None,
+                 atol: float | None = None, rtol: float | None = None):
+    """Compare call ``call`` of ``probe`` with ``reference`` (``{name: array}``).
+
+    Reference names are resolved within the call's function, after ``name_map``
+    (``{reference name: probe name}``, for paths that differ between the two models); a
+    reference name that names nothing there is an error (a typo must not pass as "nothing to
+    check").  Only the values the reference has are compared.
+    """
+    from ..comparison.verdict import judge
+    from ..core.sources import Kind
+
+    name_map = dict(name_map or {})
+    with probe.in_call(call) as function_probe:
+        # several reference names may name one value (a module and its last child): each is
+        # compared, under its own name, so no reference is dropped; all in source order
+        named: dict[str, list[str]] = {}
+        for name in reference:
+            named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
+        asked = [(value, name, name) for value in function_probe.sources_map.in_order(named)
+                 if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
+        return judge(function_probe, asked, lambda name, value: reference[name], atol, rtol)
+
+
+def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,
+                  rtol: float | None = None, calls=None) -> CallsComparison:
+    """:func:`compare_call` for several calls: ``references[i]`` against call ``calls[i]``
+    (default: the last ``len(references)`` calls, in order)."""
+    references = list(references)
+    made = probe.num_calls
+    if calls is None:
+        calls = list(range(made - len(references), made))
+    if len(calls) != len(references) or min(calls, default=0) < 0:
+        raise ProbeError(f"{len(references)} references for {len(calls)} calls ({made} made): give one "
+                         "reference per call")
+    out = CallsComparison()
+    for k, ref in zip(calls, references):
+        out.by_call.append(CallComparison(k, probe.call_record(k).function,
+                                          compare_call(probe, ref, k, name_map, atol, rtol)))
+    return out

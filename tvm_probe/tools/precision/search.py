@@ -1,0 +1,207 @@
+"""The search for the ops to keep in fp32, and ``tvm-probe precision`` (see :mod:`tvm_probe.precision`)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
+from .analysis import PrecisionAnalysis, analyse
+
+
+@dataclass
+class OutputCheck:
+    """The model outputs of one build against the reference outputs, under one tolerance."""
+
+    passed: bool
+    errors: dict[str, float]  # output name → max abs error (inf when NaN/inf appear on one side)
+
+    def describe(self) -> str:
+        worst = max(self.errors.values(), default=0.0)
+        return f"max abs error of the outputs {worst:.3g} ({'within' if self.passed else 'out of'} tolerance)"
+
+
+def check_outputs(outputs: dict, reference: dict, tolerance) -> OutputCheck:
+    """``outputs`` against ``reference`` (both by output name) under ``tolerance``
+    (the rule of :mod:`tvm_probe.tolerance`: a NaN or infinity on one side only fails)."""
+    from ...core.tolerance import within
+
+    errors, passed = {}, True
+    for name, ref in reference.items():
+        got, ref = np.asarray(outputs[name]), np.asarray(ref)
+        ok = got.shape == ref.shape and bool(within(got, ref, tolerance).all())
+        passed &= ok
+        if got.shape != ref.shape:
+            errors[name] = float("inf")
+            continue
+        g, r = got.astype(np.float64), ref.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(g - r)
+        errors[name] = float(np.nanmax(np.where(np.isnan(diff) & ~(np.isnan(g) & np.isnan(r)), np.inf, diff))) \
+            if diff.size else 0.0
+    return OutputCheck(passed=passed, errors=errors)
+
+
+@dataclass
+class Search:
+    """What :func:`find_keep_fp32` found.
+
+    Attributes:
+        found: whether some set of ops kept in fp32 makes the outputs meet the tolerance.
+        keep_fp32: that set (display names; empty when plain fp16 passes).
+        rebuilds: reduced-precision builds checked (the plain one included).
+        num_ops: source ops that could be kept (float values computed at run time).
+        plain, kept, all_fp32: output checks of the plain build, of the build with ``keep_fp32``,
+            and of every op kept (None where not built).
+        analysis: the local-error ranking of the plain build.
+        tolerance: what the outputs were held to.
+        reference: what they were compared with.
+    """
+
+    found: bool
+    keep_fp32: list[str]
+    rebuilds: int
+    num_ops: int
+    plain: OutputCheck
+    kept: OutputCheck | None
+    all_fp32: OutputCheck | None
+    analysis: PrecisionAnalysis
+    tolerance: Any
+    reference: str
+    dtype: str = "float16"
+
+    def lines(self) -> list[str]:
+        """What ``tvm-probe precision`` prints."""
+        out = [(f"plain {self.dtype} build against {self.reference}: {self.plain.describe()}; tolerance "
+                f"{self.tolerance}"), self.analysis.summary()]
+        if self.all_fp32 is not None and not self.all_fp32.passed:
+            out.append(f"every op kept in float32: {self.all_fp32.describe()}: no set of ops can meet the "
+                       "tolerance (the float32 build itself does not)")
+            return out
+        out.append(f"search: {self.rebuilds} rebuilds for {self.num_ops} ops")
+        if self.kept is not None:
+            out.append(f"keep_fp32 [{', '.join(self.keep_fp32)}]: {self.kept.describe()}")
+        else:
+            out.append(f"keep_fp32 []: the plain {self.dtype} build meets the tolerance")
+        return out
+
+    def yaml(self) -> str:
+        """``precision.yaml``: a ``precision:`` key for a config, with the numbers as comments."""
+        import yaml
+
+        head = "".join(f"# {line}\n" for line in self.lines())
+        body = yaml.safe_dump({"precision": {"dtype": "fp16", "keep_fp32": list(self.keep_fp32)}},
+                              sort_keys=False, default_flow_style=False)
+        return f"# written by tvm-probe precision\n{head}{body}"
+
+
+def find_keep_fp32(imported, inputs, target=DEFAULT_TARGET, pipeline=DEFAULT_PIPELINE, reference: dict | None = None,
+                   tolerance=None, progress: Callable[[str], None] | None = None, rank_passing: bool = True) -> Search:
+    """A small set of source ops to keep in fp32 so that the fp16 build's outputs meet ``tolerance``.
+
+    The plain fp16 build is probed and ranked by local error (:func:`analyse`); the smallest
+    prefix of that ranking that passes is found by bisection (each candidate a rebuild), then
+    shrunk by delta debugging, so that removing any one op from the result fails.
+
+    Args:
+        imported: the imported model (``import_onnx(...)``, ...), reused by every rebuild.
+        inputs: the inputs every build runs on.
+        target, pipeline: as for :meth:`Probe.from_onnx`.
+        reference: expected model outputs by name (onnxruntime's, ...); defaults to the fp32
+            TVM build's.
+        tolerance: a :class:`~tvm_probe.tolerance.Tolerance`; defaults to float16's default.
+        progress: called with a short text before each build.
+        rank_passing: rank the ops by local error even when the plain build passes (one more
+            build: the module of every op's slices); without it, a passing build has no ranking.
+    """
+    from ...probe.probe import Probe
+    from ...core.tolerance import default_tolerance
+
+    say = progress or (lambda text: None)
+    tolerance = tolerance or default_tolerance("float16")
+    say("fp32 build")
+    fp32 = Probe.from_imported(imported, target, pipeline)
+    fp32_out = fp32.run(inputs)
+    what = "the fp32 TVM build" if reference is None else "the reference"
+    reference = {k: np.asarray(v) for k, v in (reference or fp32_out).items() if k in fp32_out}
+    say("fp16 build")
+    plain_probe = Probe.from_imported(imported, target, pipeline, precision="fp16")
+    plain = check_outputs(plain_probe.run(inputs), reference, tolerance)
+    if plain.passed and not rank_passing:
+        return Search(found=True, keep_fp32=[], rebuilds=1, num_ops=0, plain=plain, kept=None, all_fp32=None,
+                      analysis=PrecisionAnalysis(ops=[]), tolerance=tolerance, reference=what)
+    say("local errors")
+    analysis = analyse(plain_probe, fp32)
+    candidates = [op.name for op in analysis.ops]
+    checks: dict[frozenset, OutputCheck] = {frozenset(): plain}  # every build checked, the plain one first
+
+    def check(keep) -> OutputCheck:
+        key = frozenset(keep)
+        if key not in checks:
+            say(f"rebuild {len(checks) + 1}: {len(keep)} ops in fp32")
+            probe = Probe.from_imported(imported, target, pipeline,
+                                        precision={"dtype": "fp16", "keep_fp32": list(keep)})
+            checks[key] = check_outputs(probe.run(inputs, capture=None), reference, tolerance)
+        return checks[key]
+
+    base = {"num_ops": len(candidates), "plain": plain, "analysis": analysis, "tolerance": tolerance,
+            "reference": what}
+    if plain.passed:
+        return Search(found=True, keep_fp32=[], rebuilds=1, kept=None, all_fp32=None, **base)
+    everything = check(candidates)
+    if not everything.passed:
+        return Search(found=False, keep_fp32=[], rebuilds=len(checks), kept=None, all_fp32=everything, **base)
+    lo, hi = 0, len(candidates)  # the prefix of length lo fails (the plain build), hi passes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(candidates[:mid]).passed:
+            hi = mid
+        else:
+            lo = mid
+    keep = ddmin(candidates[:hi], lambda subset: check(subset).passed)
+    return Search(found=True, keep_fp32=keep, rebuilds=len(checks), kept=check(keep),
+                  all_fp32=everything, **base)
+
+
+def ddmin(items: list, passes: Callable[[list], bool]) -> list:
+    """A 1-minimal sublist of ``items`` that still ``passes`` (Zeller's delta debugging; ``items``
+    itself must pass): removing any single element of the result fails."""
+    current, n = list(items), 2
+    while len(current) >= 2:
+        size = -(-len(current) // n)
+        chunks = [current[i:i + size] for i in range(0, len(current), size)]
+        for chunk in chunks:
+            if passes(chunk):
+                current, n = chunk, 2
+                break
+        else:
+            for chunk in chunks:
+                rest = [x for x in current if x not in chunk]
+                if rest and passes(rest):
+                    current, n = rest, max(n - 1, 2)
+                    break
+            else:
+                if n >= len(current):
+                    break
+                n = min(2 * n, len(current))
+    if len(current) == 1 and passes([]):
+        return []
+    return current
+
+
+# -- tvm-probe precision CONFIG -o DIR -------------------------------------------------------------
+@dataclass
+class PrecisionOutcome:
+    """What ``tvm-probe precision`` produced: the search and the files written."""
+
+    search: Search
+    files: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """OK when a set of ops was found (possibly empty), DIVERGED when even all-fp32 fails."""
+        from ...core.schema import Exit
+
+        return Exit.OK if self.search.found else Exit.DIVERGED
