@@ -15,7 +15,7 @@ MOVED = {
     "errors": "core.errors", "schema": "core.schema", "sources": "core.sources", "names": "core.names",
     "results": "core.results", "dtypes": "core.dtypes", "device": "core.device",
     "tolerance": "core.tolerance", "inputs": "core.inputs", "native_log": "core.native_log",
-    "viewable": "core.viewable", "describe": "diagnose.describe", "failures": "diagnose.failures",
+    "viewable": "core.viewable", "describe": "core.describe", "failures": "diagnose.failures",
     "progress": "app.progress", "config": "app.config", "investigate": "app.investigate", "cli": "app.cli",
     "dump_reference": "app.dump_reference", "relax_analysis": "kernel_map.relax_analysis",
     "valuenum": "kernel_map.valuenum", "passes": "build.passes",

@@ -22,7 +22,7 @@ from tvm_probe.core.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import PipelineError, ProbeError
-from tvm_probe.build.compile import compile_with_snapshots
+from tvm_probe.diagnose import compile_with_snapshots
 from tvm_probe.core.errors import ModelError, TVMCompileError, TVMError, TVMRunError
 from tvm_probe.core.errors import tvm_message
 from tvm_probe.diagnose.failures import CompileWarning, run_failure

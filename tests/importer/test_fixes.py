@@ -14,7 +14,7 @@ from tvm_probe.core.schema import PIPELINES
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_probe import ModelError, PipelineError, Probe
-from tvm_probe.build.compile import compile_with_snapshots
+from tvm_probe.diagnose import compile_with_snapshots
 from tvm_probe.importer.fixes import FIXES, AppliedFix, unfixed_hint
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values

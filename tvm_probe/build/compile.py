@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable, Protocol, Union
 
-from ..core.errors import PipelineError, TVMCompileError, one_line
+from ..core.errors import PipelineError, TVMCompileError, one_line, tvm_message
 from ..core.device import device_for
-from ..diagnose.failures import CompileWarning
+from ..core.records import CompileWarning
 from .passes import PassLog
 from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import DEFAULT_PIPELINE, PIPELINES
@@ -38,6 +38,41 @@ log = logging.getLogger(__name__)
 PipelineLike = Union[str, Any]  # a name from PIPELINES or a tvm.transform.Pass
 
 _CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
+
+
+class Diagnosis(Protocol):
+    """How a compile's failures and warnings are named in source terms.
+
+    :mod:`tvm_probe.diagnose.failures` implements it (it needs the kernel map, which is made from
+    what this stage builds, so it sits above this stage and is handed in).  Without one, a failure
+    carries TVM's own words and warnings are not attributed to ops.
+    """
+
+    def pipeline_failure(self, err, passes: PassLog, target, label: str, imported, snapshots) -> TVMCompileError: ...
+    def build_failure(self, err, lowered, target, snapshots, imported) -> TVMCompileError: ...
+    def attribute_warnings(self, pipeline_log, passes: PassLog, target, imported, build_log) -> list: ...
+    def log_details(self, error) -> None: ...
+
+
+class _TVMWords:
+    """The :class:`Diagnosis` used when none is given: TVM's message, no source ops."""
+
+    @staticmethod
+    def pipeline_failure(err, passes, target, label, imported, snapshots):
+        return TVMCompileError(f"pipeline {label!r} failed for {target.kind.name}: {tvm_message(err)}")
+
+    @staticmethod
+    def build_failure(err, lowered, target, snapshots, imported):
+        return TVMCompileError(f"building for {target.kind.name} failed: {tvm_message(err)}")
+
+    @staticmethod
+    def attribute_warnings(pipeline_log, passes, target, imported, build_log):
+        return [CompileWarning(message=text, where="build" if log_ is build_log else "")
+                for log_ in (pipeline_log, build_log) if log_ is not None for _, text in log_.warnings()]
+
+    @staticmethod
+    def log_details(error):
+        pass
 
 
 @dataclass
@@ -179,7 +214,8 @@ def _context_with(instrument=None):
         disabled_pass=list(cur.disabled_pass), instruments=instruments, config=dict(cur.config))
 
 
-def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE, imported=None) -> BuiltModel:
+def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE, imported=None,
+                           diagnosis: Diagnosis | None = None) -> BuiltModel:
     """Run ``pipeline`` on ``mod`` for ``target`` once, keep snapshots, build the result.
 
     Args:
@@ -188,6 +224,8 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
         imported: the :class:`~tvm_probe.importer.ImportedModel` ``mod`` comes from; with it,
             failures and :attr:`BuiltModel.warnings` name source ops (without it, passes and
             kernels only).
+        diagnosis: what names failures and warnings (:class:`Diagnosis`);
+            :func:`tvm_probe.diagnose.compile_with_snapshots` passes the one that uses source terms.
 
     Raises:
         PipelineError: unknown pipeline or target, or a pipeline that does not lower ``main``
@@ -197,8 +235,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
             ``failure`` (:class:`~tvm_probe.failures.TVMFailure`), ``details`` (TVM's whole
             message) and ``snapshots`` (what the pipeline produced before it failed).
     """
-    from ..diagnose import failures
-
+    failures = diagnosis or _TVMWords
     target = parse_target(target)
     pass_, label = resolve_pipeline(pipeline, target)
     snaps = Snapshots()
@@ -222,7 +259,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
             f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
             "VM pipeline such as relax.get_default_pipeline(target)")
     try:
-        executable, build_log = _build(lowered, target, snaps, imported, settings)
+        executable, build_log = _build(lowered, target, snaps, imported, settings, failures)
     except TVMCompileError as err:
         raise _with_shape_hint(err, imported) from None
     built = BuiltModel(executable=executable, target=target, pipeline=label, snapshots=snaps)
@@ -244,12 +281,10 @@ def _with_shape_hint(error, imported):
     return error
 
 
-def _build(lowered, target, snaps: Snapshots, imported, settings):
+def _build(lowered, target, snaps: Snapshots, imported, settings, failures: Diagnosis):
     """``relax.build`` of the lowered module (exactly what the pipeline produced), and what TVM
     logged meanwhile."""
     from tvm import relax
-
-    from ..diagnose import failures
 
     error = None
     with native_log_to_logging() as build_log:

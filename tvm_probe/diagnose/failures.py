@@ -27,7 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .describe import SHOWN_OPS, BindingNames, describe_ops, source_order
+from ..core.records import CompileWarning  # noqa: F401  (made here, kept there)
+from ..core.describe import SHOWN_OPS, BindingNames, describe_ops, source_order
 from ..core.errors import TVMCompileError, TVMRunError, same_failure_as, tvm_message
 from ..core.native_log import NativeLog, native_log_to_logging, release_native
 from ..build.passes import OP_LOCAL_PASSES, Binding, Deduplicated, PassLog, PassRun, bindings, failing_bindings, op_name
@@ -35,39 +36,6 @@ from ..build.passes import OP_LOCAL_PASSES, Binding, Deduplicated, PassLog, Pass
 log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ plain data
-@dataclass(frozen=True)
-class CompileWarning:
-    """A warning TVM printed while compiling, and the source ops it concerns.
-
-    Attributes:
-        message: TVM's words, e.g. ``Detected pow(x, y) where y >= 3, ...``.
-        keys: the source values (keys of the SourceMap) of the ops that make TVM print it, in
-            source order; empty when it could not be attributed to ops (see ``where``).
-        where: the pass that printed it (``LegalizeOps``) or ``build`` (code generation).
-        ops: the Relax ops of those bindings (``relax.power``); empty when not attributed.
-    """
-
-    message: str
-    keys: tuple[str, ...] = ()
-    where: str = ""
-    ops: tuple[str, ...] = ()
-
-    def summary(self, sources=None) -> str:
-        """One line: ``TVM warns at source op 'cube' (Pow): Detected pow(x, y) ...`` (names from ``sources``)."""
-        if not self.keys:
-            return f"TVM warns ({self.where}, not tied to a source op): {self.message}"
-        return f"TVM warns at {describe_ops(self.keys, sources)}: {self.message}"
-
-    def to_record(self) -> dict:
-        """A JSON-friendly dict (the inverse of :meth:`from_record`)."""
-        return {"message": self.message, "keys": list(self.keys), "where": self.where, "ops": list(self.ops)}
-
-    @classmethod
-    def from_record(cls, rec: dict) -> "CompileWarning":
-        return cls(message=str(rec["message"]), keys=tuple(str(k) for k in rec.get("keys", ())),
-                   where=str(rec.get("where", "")), ops=tuple(str(o) for o in rec.get("ops", ())))
-
-
 @dataclass(frozen=True)
 class TVMFailure:
     """Where TVM failed on a model, in source terms (attached to the error as ``err.failure``).

@@ -62,6 +62,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.records import AppliedFix  # noqa: F401  (made here, kept there)
+
 
 @dataclass(frozen=True)
 class ImportFix:
@@ -78,35 +80,6 @@ class ImportFix:
     frontend: str
     does: str
     symptom: str
-
-
-@dataclass(frozen=True)
-class AppliedFix:
-    """An import fix a model needed: which one, and every source op it touched.
-
-    ``sources`` are ONNX node names (the output tensor name of an unnamed node) or fx node names.
-    """
-
-    name: str
-    does: str
-    symptom: str
-    sources: tuple[str, ...]
-
-    def summary(self) -> str:
-        """One line, e.g. ``constant_of_shape_scalar on 1 op (/bert/ConstantOfShape): ...``."""
-        shown = ", ".join(self.sources[:3]) + (f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else "")
-        ops = f"{len(self.sources)} op{'s' if len(self.sources) != 1 else ''}"
-        return f"import fix {self.name} on {ops} ({shown}): {self.does}"
-
-    def to_record(self) -> dict:
-        """A JSON-friendly dict (the inverse of :meth:`from_record`)."""
-        return {"name": self.name, "does": self.does, "symptom": self.symptom, "sources": list(self.sources)}
-
-    @classmethod
-    def from_record(cls, rec: dict) -> "AppliedFix":
-        """Rebuild from :meth:`to_record` output (e.g. a dump manifest's ``import_fixes``)."""
-        return cls(name=str(rec["name"]), does=str(rec["does"]), symptom=str(rec["symptom"]),
-                   sources=tuple(str(s) for s in rec["sources"]))
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Mapping, Sequence, Union
 
 import numpy as np
 
-from ..build.compile import BuiltModel, PipelineLike, compile_with_snapshots
+from ..build.compile import BuiltModel, PipelineLike
+from ..diagnose import compile_with_snapshots
 from ..capture.executor import Capture, CapturePlanner, DebugExecutor
 from ..core.errors import NotCapturedError, NotRunError, ProbeError
 from ..core.inputs import InputChecker

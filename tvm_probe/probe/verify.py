@@ -107,7 +107,7 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
     by source key: built for llvm, found by Var identity."""
     from tvm import relax
 
-    from ..build.compile import compile_with_snapshots
+    from ..diagnose import compile_with_snapshots
     from ..capture.executor import CapturePlan, DebugExecutor
     from ..kernel_map.mapping import KernelMap, branch_calls, call_sites, helper_symbols
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
+from ..core.records import AppliedFix, CompileWarning
 from ..core.results import NodeInfo, Results, not_computed
 from ..core.sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
 from ..core.viewable import Viewable
@@ -450,15 +451,11 @@ class DumpReader(Results, Viewable):
     @property
     def import_fixes(self) -> list:
         """The import fixes the dumped model needed (:class:`~tvm_probe.importer.fixes.AppliedFix`)."""
-        from ..importer.fixes import AppliedFix
-
         return [AppliedFix.from_record(r) for r in getattr(self, "_fix_records", [])]
 
     @property
     def compile_warnings(self) -> list:
         """TVM's compile warnings with the source ops they concern (:class:`~tvm_probe.failures.CompileWarning`)."""
-        from ..diagnose.failures import CompileWarning
-
         return [CompileWarning.from_record(r) for r in getattr(self, "_warning_records", [])]
 
     @property
