@@ -23,7 +23,7 @@ from support.models import chained_matmuls
 from tvm_probe import Probe, ProbeError
 from tvm_probe.capture.executor import INSTRUMENT_ENV, CapturePlan, DebugExecutor
 from tvm_probe.core.errors import TVMBehaviourChanged
-from tvm_probe.kernel_map.mapping import ArgKind, ArgSource, KernelMap
+from tvm_probe.kernel_map import ArgKind, ArgSource, KernelMap
 from support.native_tools import HAS_TOOLS
 
 needs_native = pytest.mark.skipif(not HAS_TOOLS,

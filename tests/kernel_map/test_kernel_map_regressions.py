@@ -280,7 +280,7 @@ def test_verify_catches_a_wrong_mapping(pipeline):
     """verify() is not a rubber stamp: a deliberately swapped place is reported as a mismatch."""
     from dataclasses import replace
 
-    from tvm_probe.kernel_map.mapping import PlaceKind, classify
+    from tvm_probe.kernel_map import PlaceKind, classify
 
     rng = np.random.default_rng(6)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["a"], name="a"),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tvm_probe import AmbiguousNameError, NotCapturedError, Probe, UnknownNameError
-from tvm_probe.kernel_map.mapping import ArgKind
+from tvm_probe.kernel_map import ArgKind
 from tvm_probe.core.sources import Kind
 
 from support.session import SERVED_COUNTS

@@ -162,7 +162,7 @@ def test_untracked_arguments_come_back_from_the_server_like_the_python_instrumen
     from test_native_capture import _site_changed
 
     from tvm_probe.capture.executor import CapturePlan, DebugExecutor
-    from tvm_probe.kernel_map.mapping import ArgKind, ArgSource
+    from tvm_probe.kernel_map import ArgKind, ArgSource
 
     model, inputs, local = bert1
     site = next(s for s in local.kernel_map.sites if not s.is_view and s.args)

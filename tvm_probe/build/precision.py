@@ -194,7 +194,7 @@ def _is_float_var(expr) -> bool:
 def check_kept(probe, kept_keys) -> list[str]:
     """Problems with the built module's dtypes: each kept value must be computed in float32 by the
     compiled kernels (read from the kernel map of the built module); [] when all are."""
-    from ..kernel_map.mapping import PlaceKind
+    from ..kernel_map import PlaceKind
 
     problems = []
     for key in kept_keys:

@@ -64,7 +64,7 @@ from ..core.errors import ProbeError, TVMBehaviourChanged, TVMRunError
 from ..diagnose.failures import log_details, run_failure
 from .kernel_hook import (HOOK, HookedRun, HookedVM, hookable, host_array, host_copy, registry_settled,
                           symbols_to_hook)
-from ..kernel_map.mapping import ArgKind, KernelMap, PlaceKind
+from ..kernel_map import ArgKind, KernelMap, PlaceKind
 from . import native
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED, NativeUnavailable
 

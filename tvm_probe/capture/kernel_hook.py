@@ -215,7 +215,7 @@ class HookedRun:
             site = sites[occurrence]
             self.running = site.index
             if site.index in self.plan.untracked_inputs:
-                from ..kernel_map.mapping import ArgKind
+                from ..kernel_map import ArgKind
 
                 self.capture.untracked_inputs[site.index] = {
                     j: host_copy(args[j]) for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.device import device_for, on_host
 from ..core.errors import ProbeError, TVMBehaviourChanged, ValueUnavailableError, one_line
-from ..kernel_map.mapping import CallSite
+from ..kernel_map import CallSite
 from ..core.native_log import native_log_to_logging
 from ..kernel_map.relax_analysis import bindings_computing
 

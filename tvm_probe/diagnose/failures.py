@@ -241,7 +241,7 @@ def build_failure(err: BaseException, lowered, target, snapshots, imported=None)
         unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
     else:
         try:
-            from ..kernel_map.mapping import build_kernel_map
+            from ..kernel_map import build_kernel_map
 
             sites, keys = _kernel_sources(build_kernel_map(imported, snapshots), kernels)
         except Exception as map_err:  # the map is a help here, not a requirement

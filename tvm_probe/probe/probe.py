@@ -19,7 +19,7 @@ from ..capture.executor import Capture, CapturePlanner, DebugExecutor
 from ..core.errors import NotCapturedError, NotRunError, ProbeError
 from ..core.inputs import InputChecker
 from ..importer import ImportedModel, InputSpec
-from ..kernel_map.mapping import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
+from ..kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
 from ..capture.recompute import evaluate_folded
 from .calls import CallArguments, CallRecord, as_numpy, captured_bytes
 from ..core.results import NodeInfo, Results, not_computed

@@ -109,7 +109,7 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
 
     from ..diagnose import compile_with_snapshots
     from ..capture.executor import CapturePlan, DebugExecutor
-    from ..kernel_map.mapping import KernelMap, branch_calls, call_sites, helper_symbols
+    from ..kernel_map import KernelMap, branch_calls, call_sites, helper_symbols
 
     built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]

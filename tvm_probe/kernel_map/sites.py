@@ -1,0 +1,312 @@
+"""The kernel calls of the compiled ``main`` in VM order (its call sites), the calls inside If
+branches, and the helper kernels lowering adds."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..core.errors import TVMBehaviourChanged
+from .valuenum import FunctionValues, shape_dims
+from .types import _KERNEL_OPS, VIEW_SYMBOL, ArgKind, ArgSource, BranchCalls, CallSite
+
+
+def helper_symbols(snapshots) -> frozenset[str]:
+    """Kernels of the final module the call graph does not have: lowering's own (``shape_func``)."""
+    conditional = branch_symbols(snapshots.call_graph["main"])
+    final = getattr(snapshots, "final", None)
+    if final is None:
+        return conditional
+    known = {gv.name_hint for gv in snapshots.call_graph.functions}
+    return conditional | frozenset(gv.name_hint for gv, f in final.functions.items()
+                                   if gv.name_hint not in known and type(f).__name__ == "PrimFunc")
+
+
+def fixed_helper_calls(snapshots, helpers) -> dict[str, int]:
+    """``{helper: calls per run}`` when the final ``main`` calls every helper at its top level
+    (no If anywhere, so each run makes exactly these calls); else ``{}``."""
+    from tvm import relax
+
+    final = getattr(snapshots, "final", None)
+    if not helpers or final is None:
+        return {}
+    counts = dict.fromkeys(helpers, 0)
+    for b in _bindings(final["main"]):
+        if isinstance(b.value, relax.If):
+            return {}
+        op = getattr(b.value, "op", None)
+        if isinstance(b.value, relax.Call) and isinstance(op, relax.GlobalVar) and op.name_hint in counts:
+            counts[op.name_hint] += 1
+    return counts if all(counts.values()) else {}
+
+
+def branch_symbols(main) -> frozenset[str]:
+    """Kernels that ``main`` calls inside the branches of an ``If`` (nested ones too).
+
+    Which branch runs is known only at run time, so a call inside a branch is no call site: the
+    instrument lets the calls of such a kernel pass where no call site has its occurrence (see
+    :class:`BranchCalls`), and the values computed inside branches are not served.
+    """
+    from tvm import relax
+
+    found: set[str] = set()
+
+    def visit(expr, inside: bool) -> None:
+        if isinstance(expr, relax.SeqExpr):
+            for block in expr.blocks:
+                for b in block.bindings:
+                    visit(b.value, inside)
+            visit(expr.body, inside)
+        elif isinstance(expr, relax.If):
+            visit(expr.true_branch, True)
+            visit(expr.false_branch, True)
+        elif inside and isinstance(expr, relax.Call):
+            symbol = _kernel_symbol(expr)
+            if symbol:
+                found.add(symbol)
+
+    visit(main.body, False)
+    return frozenset(found)
+
+
+def _conditional_numbers(main, values: FunctionValues) -> dict[int, str]:
+    """Value number → why it has no place, for what ``main`` computes only at run-time-chosen
+    calls: an ``If``'s results, and calls no call site matches (:class:`BranchCalls`)."""
+    from tvm import relax
+
+    if not any(isinstance(b.value, relax.If) for b in _bindings(main)):
+        return {}
+    skipped = branch_calls(main).skipped
+    branch_result = ("it is a result of an If: which branch ran is known only at run time, and tvm_probe "
+                     "does not follow values through If branches")
+    found, results = {}, set()
+    for b in _bindings(main):
+        value, why = b.value, None
+        if isinstance(value, relax.If) or (isinstance(value, relax.TupleGetItem) and value.tuple_value in results) \
+                or (isinstance(value, relax.Var) and value in results):
+            results.add(b.var)
+            why = branch_result
+        elif b.var in skipped:
+            why = (f"kernel '{skipped[b.var]}' computes it after an If whose branches call that kernel unequally "
+                   "often, so which call is this one depends on the branch that ran")
+        number = values.of_var.get(b.var) if why else None
+        if number is not None:
+            found.setdefault(number, why)
+    return found
+
+
+def _kernel_symbol(call) -> str:
+    """The symbol the VM calls for ``call`` (a kernel or the reshape view), else ''."""
+    name = _op_name(call)
+    if name in _KERNEL_OPS:
+        callee = call.args[0]
+        return getattr(callee, "name_hint", None) or str(getattr(callee, "global_symbol", callee))
+    return VIEW_SYMBOL if name == "relax.reshape" else ""
+
+
+# -- call sites ---------------------------------------------------------------------------------
+def _bindings(func):
+    for block in func.body.blocks:
+        yield from block.bindings
+
+
+def _op_name(call) -> str:
+    import tvm
+
+    op = getattr(call, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else ""
+
+
+def _is_tuple(var) -> bool:
+    return hasattr(var.ty, "fields")
+
+
+def _is_tensor(var) -> bool:
+    from tvm import relax
+
+    return isinstance(var.ty, relax.TensorType)
+
+
+def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
+    """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call."""
+    from ..importer.relax_values import dim_of
+
+    fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
+    shapes, dtypes = [], []
+    for f in fields:
+        values = shape_dims(f)
+        if values is None:
+            raise TVMBehaviourChanged(f"kernel output type {f} has no known rank")
+        shapes.append(tuple(dim_of(v) for v in values))
+        dtypes.append(str(f.dtype))
+    return shapes, dtypes
+
+
+class SiteOutput(NamedTuple):
+    """Output ``output`` of the kernel call at call site ``site``."""
+
+    site: int
+    output: int
+
+
+class MainCalls(NamedTuple):
+    """The kernel calls of a compiled ``main`` (what :func:`call_sites` finds).
+
+    Attributes:
+        sites: the call sites, in VM order.
+        site_vars: the Var each site is bound to.
+        produced: every Var that holds a kernel output (the call's own Var, its tuple elements,
+            aliases) → its :class:`SiteOutput`.
+    """
+
+    sites: list[CallSite]
+    site_vars: list
+    produced: dict
+
+
+def call_sites(main) -> MainCalls:
+    """The kernel calls of ``main`` in order, the Var each is bound to, and the kernel output
+    every Var holds (see :class:`MainCalls`)."""
+    import tvm
+    from tvm import relax
+
+    params = {p: i for i, p in enumerate(main.params)}
+    sites: list[CallSite] = []
+    site_vars = []
+    produced: dict = {}          # Var → SiteOutput
+
+    def arg_source(expr) -> ArgSource:
+        if isinstance(expr, relax.Var):
+            if expr in produced:
+                node, k = produced[expr]
+                return ArgSource(ArgKind.NODE, node=node, output=k)
+            if expr in params:
+                return ArgSource(ArgKind.INPUT, input_index=params[expr])
+            return ArgSource(ArgKind.UNTRACKED)
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            return ArgSource(ArgKind.CONST, const=expr)
+        return ArgSource(ArgKind.UNTRACKED)
+
+    for b, symbol, occurrence in _main_calls(main, BranchCalls()):
+        value, var = b.value, b.var
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in produced:
+            node, _ = produced[value.tuple_value]
+            produced[var] = SiteOutput(node, int(value.index))
+            continue
+        if isinstance(value, relax.Var) and value in produced:
+            produced[var] = produced[value]
+            continue
+        if not symbol:
+            continue  # not a kernel: shape plumbing, tuples, packed builtins, Ifs
+        if isinstance(value, relax.If):
+            # the call that computes the If's result in whichever branch runs (see _result_call):
+            # its arguments differ by branch, so none is tracked
+            call = _result_call(value.true_branch)[0]
+            arg_exprs = [call.args[0]] if symbol == VIEW_SYMBOL else list(call.args[1].fields)
+            args, arg_exprs = [ArgSource(ArgKind.UNTRACKED) for _ in arg_exprs], []
+        else:
+            arg_exprs = [value.args[0]] if symbol == VIEW_SYMBOL else list(value.args[1].fields)
+            args = [arg_source(a) for a in arg_exprs]
+        shapes, dtypes = _types(var.ty)
+        site = CallSite(index=len(sites), symbol=symbol, occurrence=occurrence,
+                        is_view=symbol == VIEW_SYMBOL, args=args,
+                        out_shapes=shapes, out_dtypes=dtypes, output_keys=[[] for _ in shapes],
+                        call_args=arg_exprs)
+        produced[var] = SiteOutput(site.index, 0)
+        sites.append(site)
+        site_vars.append(var)
+    return MainCalls(sites, site_vars, produced)
+
+
+def branch_calls(main) -> BranchCalls:
+    """The :class:`BranchCalls` of ``main`` (empty without ``If``)."""
+    found = BranchCalls()
+    for _ in _main_calls(main, found):
+        pass
+    return found
+
+
+def _main_calls(main, branches: BranchCalls):
+    """``(binding, kernel symbol or '', occurrence)`` for every binding of ``main`` that is no
+    call inside or after an If which the call-site matching cannot follow; fills ``branches``.
+
+    A call's occurrence counts the calls of its symbol before it, those inside earlier If
+    branches included (both branches of each call it equally often: see :class:`BranchCalls`).
+    """
+    from tvm import relax
+
+    seen: dict[str, int] = {}
+    for b in _bindings(main):
+        if isinstance(b.value, relax.If):
+            counts, unequal = _if_calls(b.value)
+            branches.open_symbols |= unequal
+            then_result, else_result = _result_call(b.value.true_branch), _result_call(b.value.false_branch)
+            result = None
+            if then_result is not None and then_result[1:] == (else_result or (None,))[1:] \
+                    and then_result[1] not in branches.open_symbols:
+                result = then_result[1], seen.get(then_result[1], 0) + then_result[2]
+            for symbol, n in counts.items():
+                if symbol not in branches.open_symbols:
+                    start = seen.get(symbol, 0)
+                    inside = [o for o in range(start, start + n) if (symbol, o) != result]
+                    branches.occurrences.setdefault(symbol, []).extend(inside)
+                    seen[symbol] = start + n
+            yield (b, *result) if result is not None else (b, "", -1)
+            continue
+        symbol = _kernel_symbol(b.value) if isinstance(b.value, relax.Call) else ""
+        if symbol in branches.open_symbols:
+            branches.skipped[b.var] = symbol
+            continue
+        occurrence = seen.get(symbol, 0)
+        if symbol:
+            seen[symbol] = occurrence + 1
+        yield b, symbol, occurrence
+
+
+def _result_call(branch) -> tuple | None:
+    """``(call, symbol, occurrence in the branch)`` of the kernel call whose output is the result
+    of an If ``branch`` (a SeqExpr), or None (a tuple, a value from outside, a nested If first).
+
+    When both branches end with the same kernel at the same occurrence, that occurrence is the
+    If's result whichever branch runs: a call site.
+    """
+    from tvm import relax
+
+    bindings = [b for block in branch.blocks for b in block.bindings]
+    result = branch.body
+    for b in reversed(bindings):  # follow `r = v` to the binding that computes it
+        if b.var.same_as(result) and isinstance(b.value, relax.Var):
+            result = b.value
+    seen: dict[str, int] = {}
+    for b in bindings:
+        if isinstance(b.value, relax.If):
+            return None  # calls before it may depend on its branches
+        symbol = _kernel_symbol(b.value) if isinstance(b.value, relax.Call) else ""
+        if b.var.same_as(result):
+            return (b.value, symbol, seen.get(symbol, 0)) if symbol and not _is_tuple(b.var) else None
+        if symbol:
+            seen[symbol] = seen.get(symbol, 0) + 1
+    return None
+
+
+def _if_calls(expr) -> tuple[dict[str, int], set[str]]:
+    """Kernel calls per symbol that running ``expr`` makes whichever way its Ifs go, and the
+    symbols whose number of calls depends on the way they go."""
+    from tvm import relax
+
+    if isinstance(expr, relax.If):
+        then_calls, then_unequal = _if_calls(expr.true_branch)
+        else_calls, else_unequal = _if_calls(expr.false_branch)
+        unequal = then_unequal | else_unequal | {
+            s for s in set(then_calls) | set(else_calls) if then_calls.get(s, 0) != else_calls.get(s, 0)}
+        return {s: n for s, n in then_calls.items() if s not in unequal}, unequal
+    if isinstance(expr, relax.SeqExpr):
+        counts: dict[str, int] = {}
+        unequal: set[str] = set()
+        parts = [b.value for block in expr.blocks for b in block.bindings] + [expr.body]
+        for part in parts:
+            calls, part_unequal = _if_calls(part)
+            unequal |= part_unequal
+            for symbol, n in calls.items():
+                counts[symbol] = counts.get(symbol, 0) + n
+        return {s: n for s, n in counts.items() if s not in unequal}, unequal
+    symbol = _kernel_symbol(expr) if isinstance(expr, relax.Call) else ""
+    return ({symbol: 1} if symbol else {}), set()
