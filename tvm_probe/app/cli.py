@@ -25,8 +25,19 @@ import signal
 import sys
 from pathlib import Path
 
+from ..capture.remote import Server
+from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, one_line
+from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import EXIT_HELP, Exit
+from ..core.tolerance import default_tolerance
+from ..show.report import write_graph, write_report
+from ..show.view import _model_explorer, export, reference_comparison, view
+from ..store.dump import load_dump
+from .config import load_config
+from .dump_reference import compare_dump
+from .investigate import investigate, precision_investigation, reduce_investigation, split_investigation
+from .progress import Progress
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,8 +138,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _tolerance_arguments(parser) -> None:
-    from ..core.tolerance import default_tolerance
-
     f32 = default_tolerance("float32")
     parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: by dtype, {f32.atol:g} for float32)")
     parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: by dtype, {f32.rtol:g} for float32)")
@@ -142,9 +151,6 @@ def _config_arguments(parser) -> None:
 
 # -- commands: each calls one function and prints ------------------------------------------------
 def _cmd_run(args, progress) -> int:
-    from .config import load_config
-    from .investigate import investigate
-
     overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
     outcome = investigate(load_config(args.config, overrides), progress)
     if hasattr(outcome, "generation"):  # generate: (tvm_probe.hf): per step, not per value
@@ -181,8 +187,6 @@ def _print_worst(comparison, n: int = 5) -> None:
 
 
 def _cmd_ls(args, progress) -> int:
-    from ..store.dump import load_dump
-
     print(load_dump(args.dump).find(args.pattern).to_string(index=False))
     return Exit.OK
 
@@ -190,7 +194,6 @@ def _cmd_ls(args, progress) -> int:
 def _cmd_get(args, progress) -> int:
     import numpy as np
 
-    from ..store.dump import load_dump
 
     value = load_dump(args.dump).get(args.name)
     if args.output:
@@ -202,9 +205,6 @@ def _cmd_get(args, progress) -> int:
 
 
 def _cmd_compare(args, progress) -> int:
-    from .dump_reference import compare_dump
-    from ..store.dump import load_dump
-
     reader = load_dump(args.dump)
     with progress.stage("compare") as stage:
         comparison = compare_dump(reader, args.model, args.atol, args.rtol, stage.update)
@@ -212,9 +212,6 @@ def _cmd_compare(args, progress) -> int:
 
 
 def _cmd_diff(args, progress) -> int:
-    from ..comparison.verdict import compare
-    from ..store.dump import load_dump
-
     reader = load_dump(args.dump)
     with progress.stage("diff") as stage:
         comparison = compare(reader, load_dump(args.reference), args.atol, args.rtol,
@@ -224,8 +221,6 @@ def _cmd_diff(args, progress) -> int:
 
 def _print_comparison(args, reader, comparison) -> int:
     if args.report:
-        from ..show.report import write_report
-
         for kind, path in write_report(args.report, reader, comparison).items():
             print(f"{kind}: {path}")
     _print_worst(comparison)
@@ -234,26 +229,17 @@ def _print_comparison(args, reader, comparison) -> int:
 
 
 def _cmd_report(args, progress) -> int:
-    from ..show.report import write_report
-    from ..store.dump import load_dump
-
     for kind, path in write_report(args.output, load_dump(args.dump)).items():
         print(f"{kind}: {path}")
     return Exit.OK
 
 
 def _cmd_graph(args, progress) -> int:
-    from ..show.report import write_graph
-    from ..store.dump import load_dump
-
     print(f"graph: {write_graph(load_dump(args.dump), args.output)}")
     return Exit.OK
 
 
 def _cmd_split(args, progress) -> int:
-    from .config import load_config
-    from .investigate import split_investigation
-
     config = load_config(args.config, args.overrides)
     outcome = split_investigation(config, args.atol, args.rtol, progress)
     if outcome.evenness is not None:
@@ -273,9 +259,6 @@ def _cmd_split(args, progress) -> int:
 
 
 def _cmd_reduce(args, progress) -> int:
-    from .config import load_config
-    from .investigate import reduce_investigation
-
     result = reduce_investigation(load_config(args.config, args.overrides), args.output, args.overwrite, progress)
     print(result.summary())
     print(f"reproduction: {args.output}")
@@ -285,7 +268,6 @@ def _cmd_reduce(args, progress) -> int:
 def _cmd_serve(args, progress) -> int:
     import logging
 
-    from ..capture.remote import Server
 
     logging.getLogger("RPCServer").setLevel(logging.WARNING if args.quiet else logging.INFO)  # TVM's server log
     server = Server(args.host, args.port, tracker=args.tracker, key=args.key, custom_addr=args.custom_addr)
@@ -314,9 +296,6 @@ def _view_arguments(command) -> None:
 
 
 def _cmd_view(args, progress) -> int:
-    from ..store.dump import load_dump
-    from ..show.view import _model_explorer, export, reference_comparison, view
-
     _model_explorer()  # a missing extra is said before any work
     reader = load_dump(args.dump)
     with progress.stage("compare"):
@@ -349,9 +328,6 @@ def _precision_arguments(command) -> None:
 
 
 def _cmd_precision(args, progress) -> int:
-    from .config import load_config
-    from .investigate import precision_investigation
-
     outcome = precision_investigation(load_config(args.config, args.overrides), args.output, args.atol, args.rtol,
                                       args.overwrite, progress)
     for line in outcome.search.lines():
@@ -370,7 +346,6 @@ _COMMANDS["precision"] = _cmd_precision
 
 def main(argv=None) -> int:
     """Entry point of the ``tvm-probe`` console script."""
-    from .progress import Progress
 
     args = _parser().parse_args(argv)
     if args.verbose:
@@ -415,8 +390,6 @@ def _error(message: str, status: Exit, err: BaseException | None = None) -> Exit
     importer's BlockBuilder logs "destroyed with remaining blocks!" when freed, and that belongs
     in the log (-v), not after the line on stderr."""
     if err is not None:
-        from ..core.native_log import native_log_to_logging, release_native
-
         with native_log_to_logging():
             release_native(err)
     print(f"tvm-probe: {message}", file=sys.stderr)

@@ -26,12 +26,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union
 
-from ..core.errors import PipelineError, TVMCompileError, one_line, tvm_message
 from ..core.device import device_for
-from ..core.records import CompileWarning
-from .passes import PassLog
+from ..core.errors import PipelineError, TVMCompileError, one_line, tvm_message
 from ..core.native_log import native_log_to_logging, release_native
+from ..core.records import CompileWarning
 from ..core.schema import DEFAULT_PIPELINE, PIPELINES
+from .passes import PassLog
 
 log = logging.getLogger(__name__)
 

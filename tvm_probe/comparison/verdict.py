@@ -28,6 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..core.errors import ProbeError
+from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
 
@@ -319,7 +320,6 @@ def compare(results, reference, atol: float | None = None,
             None to use the default (per-pattern tolerances of a config).
         progress: called as ``progress(done, total)`` while comparing.
     """
-    from ..core.results import Results
 
     if isinstance(reference, Results):
         _check_same_model(results, reference)

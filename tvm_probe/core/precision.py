@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ProbeError
+from .tolerance import Tolerance, default_tolerance
 
 LOW_DTYPES = {"fp16": "float16", "float16": "float16", "half": "float16", "bf16": "bfloat16",
               "bfloat16": "bfloat16"}
@@ -87,7 +88,6 @@ def _is_pass(value) -> bool:
 def precision_tolerance(config_reference, atol=None, rtol=None):
     """The tolerance reduced-precision outputs are held to: ``atol``/``rtol`` given, else the
     config's ``reference.atol/rtol``, else float16's default (:func:`tvm_probe.tolerance.default_tolerance`)."""
-    from .tolerance import Tolerance, default_tolerance
 
     f16 = default_tolerance("float16")
     pick = lambda *xs: next(x for x in xs if x is not None)

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import nbytes as dtype_nbytes
-
-from .errors import ProbeError, ValueUnavailableError
-from .names import NameIndex
-from .sources import Served, Servings, SourceMap
+from .errors import ProbeError, UnknownNameError, ValueUnavailableError
+from .names import NameIndex, names_of
+from .sources import Kind, Served, Servings, SourceMap
 
 
 @dataclass
@@ -103,8 +102,6 @@ class Results:
         a node name equal to another value's tensor name.
         """
         if key not in self.sources_map:
-            from .errors import UnknownNameError
-
             raise UnknownNameError(f"no source value has the tensor name {key!r} (see the tensor column of sources)")
         return self._value(key)
 
@@ -127,8 +124,6 @@ class Results:
         Needs no reference: where a NaN first appears is where to look.  Values the run cannot
         serve (not captured, dead code) are skipped.
         """
-        from .errors import ProbeError
-        from .sources import Kind
 
         for value in self.sources_map:
             if value.kind is not Kind.VALUE:
@@ -151,7 +146,6 @@ class Results:
         """DataFrame: one row per source value — name, tensor, op type, kind, how served, node."""
         import pandas as pd
 
-        from .names import names_of
 
         rows = [{
             "name": v.display_name, "tensor": v.key, "op_type": v.op_type, "kind": v.kind.value,

@@ -27,11 +27,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..core.records import CompileWarning  # noqa: F401  (made here, kept there)
+from ..build.passes import OP_LOCAL_PASSES, Binding, Deduplicated, PassLog, PassRun, bindings, failing_bindings, op_name
 from ..core.describe import SHOWN_OPS, BindingNames, describe_ops, source_order
 from ..core.errors import TVMCompileError, TVMRunError, same_failure_as, tvm_message
 from ..core.native_log import NativeLog, native_log_to_logging, release_native
-from ..build.passes import OP_LOCAL_PASSES, Binding, Deduplicated, PassLog, PassRun, bindings, failing_bindings, op_name
+from ..core.records import CompileWarning  # noqa: F401  (made here, kept there)
+from ..importer.fixes import unfixed_hint
+from ..kernel_map import build_kernel_map
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,6 @@ def _unfixed_note(imported, keys: Iterable[str]) -> str:
     unfixed = getattr(imported, "unfixed", None) or []
     if not unfixed:
         return ""
-    from ..importer.fixes import unfixed_hint
 
     labels = set()
     for key in keys:
@@ -241,8 +242,6 @@ def build_failure(err: BaseException, lowered, target, snapshots, imported=None)
         unknown = "source names unknown: compile_with_snapshots was not given the ImportedModel"
     else:
         try:
-            from ..kernel_map import build_kernel_map
-
             sites, keys = _kernel_sources(build_kernel_map(imported, snapshots), kernels)
         except Exception as map_err:  # the map is a help here, not a requirement
             unknown = f"the kernel map could not be built ({tvm_message(map_err)[0]})"

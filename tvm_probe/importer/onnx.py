@@ -22,14 +22,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
-
 from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..core.sources import Kind, SourceMap, SourceValue
 from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
-from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info
 from .module_paths import module_outputs
 from .onnx_graph import node_inputs
+from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info
+from .static import GraphView, _example, inferred_ranks, make_static, name_unknown_dims, pin_inputs, symbolic_inputs
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
 
@@ -122,7 +122,6 @@ def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = N
 
 def _rank_lookup(proto):
     """``tensor name → ONNX rank or None``, inferred on the first call (only some fixes ask)."""
-    from .static import inferred_ranks
 
     ranks: list[dict] = []
 
@@ -194,7 +193,6 @@ def _shape_text(expr) -> str:
 
 def _shapes_hint(proto, static) -> str:
     """For a model imported with symbolic input dims: how ``shapes=`` may get it past TVM."""
-    from .static import _example, symbolic_inputs
 
     symbolic = symbolic_inputs(proto.graph) if static is None else {}
     if not symbolic:
@@ -211,7 +209,6 @@ def _static_graph(proto, shapes: dict):
 
     ``shapes`` given for a model without symbolic dims is checked against the declared shapes.
     """
-    from .static import make_static, pin_inputs, symbolic_inputs
 
     if not symbolic_inputs(proto.graph) or not shapes:  # static, or to be compiled with symbolic dims
         if shapes:
@@ -223,7 +220,6 @@ def _static_graph(proto, shapes: dict):
 def _named_dims_view(graph):
     """``graph``, or a view of it whose inputs name each unknown dim (``-1``, or ``0`` without a
     name) so that TVM compiles it as a symbolic dimension of its own."""
-    from .static import GraphView, name_unknown_dims
 
     inputs = name_unknown_dims(graph)
     return graph if inputs is None else GraphView(graph, graph.node, inputs)

@@ -29,9 +29,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.sources import Kind, Served, Serving, Servings
+from .sites import (
+    _bindings,
+    _conditional_numbers,
+    _is_tensor,
+    _is_tuple,
+    _op_name,
+    branch_calls,
+    call_sites,
+    fixed_helper_calls,
+    helper_symbols,
+)
+from .types import _KERNEL_OPS, GroupPlan, KernelMap, Place, PlaceKind
 from .valuenum import FunctionValues, ValueNumbering, shape_dims
-from .sites import _bindings, _conditional_numbers, _is_tensor, _is_tuple, _op_name, branch_calls, call_sites, fixed_helper_calls, helper_symbols
-from .types import GroupPlan, KernelMap, Place, PlaceKind, _KERNEL_OPS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.errors import TVMBehaviourChanged
-from .valuenum import FunctionValues, shape_dims
 from .types import _KERNEL_OPS, VIEW_SYMBOL, ArgKind, ArgSource, BranchCalls, CallSite
+from .valuenum import FunctionValues, shape_dims
 
 
 def helper_symbols(snapshots) -> frozenset[str]:

@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-
 VIEW_SYMBOL = "vm.builtin.reshape"
 
 

@@ -48,8 +48,10 @@ from urllib.parse import quote
 
 from ..comparison.verdict import Status
 from ..core.errors import ProbeError
-from .report import FILL
 from ..core.sources import Kind, Served
+from ..importer.torch import export_program, node_keys
+from ..store.atomic import replace_folder
+from .report import FILL
 
 INSTALL = 'pip install "tvm_probe[view]"'
 KERNEL_GRAPH = "kernels.json"
@@ -310,7 +312,6 @@ def _torch_model(module, example_inputs, known: set[str], workdir: Path) -> Sour
     from model_explorer.pytorch_exported_program_adapter_impl import PytorchExportedProgramAdapterImpl
     from model_explorer.utils import convert_adapter_response
 
-    from ..importer.torch import export_program, node_keys
 
     program = export_program(module, example_inputs)
     graphs = convert_adapter_response(PytorchExportedProgramAdapterImpl(program, DEFAULT_SETTINGS).convert())
@@ -440,7 +441,6 @@ def export(results, folder, comparison=None, model=None, overwrite: bool = False
             if first is not None:
                 files.first_divergent = next((nid for nid, keys in source.node_values.items() if first in keys), None)
         _write(tmp / INDEX, _index(files))
-        from ..store.atomic import replace_folder
 
         replace_folder(tmp, folder)
     except BaseException:

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import DumpExistsError
 from ..core.sources import Kind, Served
+from .atomic import replace_folder
+from .dump import DumpContent, DumpWriter, StreamedOutputs, node_tensor_names, tensor_key, write_dump
 
 # stored as node outputs, or nothing to store
 _NOT_VALUES = (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN)
@@ -38,7 +41,6 @@ class DumpOptions:
 
 def dump_probe(probe, path: Path, opts: DumpOptions) -> Path:
     """Write ``probe``'s last run to ``path`` (see :meth:`Probe.dump`)."""
-    from .dump import write_dump
 
     capture = probe.last_capture
     outputs = {i: [_host(a)] for i, a in enumerate(capture.inputs) if _is_tensor(a)}
@@ -60,8 +62,6 @@ def dump_calls(probe, path: Path, opts: DumpOptions) -> Path:
     import os
     import shutil
 
-    from ..core.errors import DumpExistsError
-    from .atomic import replace_folder
 
     path = Path(path)
     if path.exists() and not opts.overwrite:
@@ -109,7 +109,6 @@ def run_streaming(probe, arrays, plan, path: Path, opts: DumpOptions, execute, s
     ``serve(capture)`` makes that run the one ``probe`` serves values from (the values the dump
     stores besides node outputs are read from it).
     """
-    from .dump import DumpWriter, StreamedOutputs, node_tensor_names, tensor_key
 
     n_in, nodes = probe.num_input_nodes, probe.node_infos
     counts = {i: 1 for i in range(n_in)}
@@ -135,7 +134,6 @@ def run_streaming(probe, arrays, plan, path: Path, opts: DumpOptions, execute, s
 
 def dump_content(probe, outputs, held_values, opts: DumpOptions, keys=None):
     """The :class:`~tvm_probe.store.dump.DumpContent` of ``probe``'s last run."""
-    from .dump import DumpContent
 
     capture = probe.last_capture
     wanted = probe.captured_keys

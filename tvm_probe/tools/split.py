@@ -27,16 +27,20 @@ use them, so a cut costs a download from the device before it and an upload to t
 from __future__ import annotations
 
 import re
-from itertools import combinations
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..capture.remote.spec import parse_remote
 from ..core.errors import ProbeError
 from ..core.names import NameIndex, is_pattern
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, name_matches
 from ..core.sources import Kind, SourceMap
+from ..importer.onnx import import_onnx, load_onnx
+from ..importer.onnx_graph import node_inputs, outside_reads, sub_model
+from ..probe.probe import Probe
 
 # A path component naming one repeated layer: layer_._3, layer.3, layers.3, h.3, block_3 ...
 LAYER_RE = re.compile(r"(?:^|/)((?:[\w.]*?[/.])?(?:layer|layers|block|blocks|h)(?:_\._|[._])?\d+)(?=/|$)")
@@ -68,7 +72,6 @@ class Stage:
         machine).  The compiled stage is uploaded once per device, not compiled again."""
         if device is None:
             return self.probe
-        from ..capture.remote.spec import parse_remote
 
         spec = parse_remote(device)
         if spec not in self._remote:
@@ -201,7 +204,6 @@ def _scope_prefixes(scope: str, node_names) -> set[str]:
 
 def _consumers(proto) -> dict[str, list[int]]:
     """Tensor name → positions of the nodes that read it, inside their subgraphs (If) too."""
-    from ..importer.onnx_graph import node_inputs
 
     users: dict[str, list[int]] = {}
     for i, node in enumerate(proto.graph.node):
@@ -227,7 +229,6 @@ def _stage_model(proto, sources: SourceMap, lo: int, hi: int, outputs: list[str]
     outside (inside its If branches too)."""
     from onnx import helper
 
-    from ..importer.onnx_graph import outside_reads, sub_model
 
     nodes = list(proto.graph.node[lo: hi + 1])
     inits = {t.name: t for t in proto.graph.initializer}
@@ -258,8 +259,6 @@ def split(model, cuts: Sequence[str], target=DEFAULT_TARGET, pipeline=DEFAULT_PI
         SplitError: a cut names nothing, cuts are out of order or equal, a stage would be
             empty, or nothing crosses a cut (it does not separate the graph).
     """
-    from ..importer.onnx import import_onnx, load_onnx
-    from ..probe.probe import Probe
 
     proto = load_onnx(model)
     imported = import_onnx(proto, shapes)
@@ -354,7 +353,6 @@ def _cut_cost(plan: SplitPlan, i: int, probes, values, inputs) -> CutCost:
 # ------------------------------------------------------------------------------- balancing
 def layer_boundaries(model) -> list[tuple[str, int]]:
     """``(layer scope, topo index of its last node)`` for every repeated layer, in model order."""
-    from ..importer.onnx import load_onnx
 
     proto = load_onnx(model)
     last: dict[str, int] = {}
@@ -389,7 +387,6 @@ def balance(model, n: int, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARG
     (the whole model, already compiled) to skip compiling it again.  Returns the cuts (layer
     scopes) and the evenness: slowest stage time / mean stage time (1.0 is perfect).
     """
-    from ..probe.probe import Probe
 
     boundaries = layer_boundaries(model)
     if n < 1 or n >= len(boundaries) + 1:
