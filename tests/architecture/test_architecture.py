@@ -78,6 +78,88 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# -- the floors: read from docs/architecture.md, the one place they are written ---------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: modules beside the floors: the package's lazy facade, the old import paths, ``python -m``
+FACADE = {"tvm_probe", "tvm_probe._moved", "tvm_probe.__main__"}
+
+
+def floors() -> list[str]:
+    """The stage packages, bottom floor first: the first column of the table under "## Floors"."""
+    text = ARCHITECTURE.read_text()
+    table = text[text.index("\n## Floors"):].split("\n## ", 2)[1]
+    return [row.split("|")[1].strip().strip("`") for row in table.splitlines()
+            if row.startswith("| `")]
+
+
+def _floor(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _import_sites(path: Path):
+    """``(line, tvm_probe module, deferred, names)`` of every import of the package in ``path``."""
+    name = _module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+
+    def walk(node, deferred):
+        for child in ast.iter_child_nodes(node):
+            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom):
+                base = ".".join(package[: len(package) - child.level + 1] + ([child.module] if child.module else [])) \
+                    if child.level else child.module
+                if base and base.split(".")[0] == "tvm_probe":
+                    for alias in child.names:
+                        target = f"{base}.{alias.name}"
+                        yield child.lineno, target if target in MODULES else base, inner, alias.name
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == "tvm_probe":
+                        yield child.lineno, alias.name, inner, ""
+            yield from walk(child, inner)
+
+    yield from walk(ast.parse(path.read_text()), False)
+
+
+STAGE_MODULES = {n: p for n, p in MODULES.items() if n not in FACADE}
+
+
+def test_the_floors_cover_the_package():
+    assert {_floor(n) for n in STAGE_MODULES} == set(floors()), "a package is missing from docs/architecture.md"
+
+
+def test_every_import_points_down_deferred_ones_included():
+    rank = {floor: i for i, floor in enumerate(floors())}
+    upward = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+              for name, path in STAGE_MODULES.items() for line, target, _, _ in _import_sites(path)
+              if target not in FACADE and rank[_floor(target)] > rank[_floor(name)]]
+    assert not upward, "\n".join(upward)
+
+
+def test_imports_are_at_the_top():
+    """At most 15 % of the import statements of the package are inside functions (those left are
+    for optional heavy dependencies: torch, transformers, tflite, Model Explorer)."""
+    statements = {(path, line): lazy for path in STAGE_MODULES.values() for line, _, lazy, _ in _import_sites(path)}
+    deferred = sorted(f"{path.relative_to(ROOT)}:{line}" for (path, line), lazy in statements.items() if lazy)
+    assert len(deferred) <= 0.15 * len(statements), \
+        f"{len(deferred)} of {len(statements)} deferred:\n" + "\n".join(deferred)
+
+
+def test_no_private_name_is_imported_across_packages():
+    private = [f"{path.relative_to(ROOT)}:{line} {target}.{alias}"
+               for name, path in STAGE_MODULES.items() for line, target, _, alias in _import_sites(path)
+               if alias.startswith("_") and not alias.startswith("__") and target not in FACADE
+               and _floor(target) != _floor(name)]
+    assert not private, "\n".join(private)
+
+
+def test_the_house_keeps_its_plan():
+    flat = sorted(n for n in MODULES if n.count(".") == 1 and not (PACKAGE / n.split(".")[1]).is_dir())
+    assert len(flat) + 1 <= 3, f"modules flat in tvm_probe/: {['tvm_probe', *flat]}"  # + __init__
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, f"modules over 700 lines: {long}"
+
+
 def _code_lines(path: Path):
     """(line number, text) of the code of ``path``, docstrings and comments left out."""
     tree = ast.parse(path.read_text())

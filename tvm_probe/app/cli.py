@@ -32,7 +32,7 @@ from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import EXIT_HELP, Exit
 from ..core.tolerance import default_tolerance
 from ..show.report import write_graph, write_report
-from ..show.view import _model_explorer, export, reference_comparison, view
+from ..show.view import export, model_explorer, reference_comparison, view
 from ..store.dump import load_dump
 from .config import load_config
 from .dump_reference import compare_dump
@@ -296,7 +296,7 @@ def _view_arguments(command) -> None:
 
 
 def _cmd_view(args, progress) -> int:
-    _model_explorer()  # a missing extra is said before any work
+    model_explorer()  # a missing extra is said before any work
     reader = load_dump(args.dump)
     with progress.stage("compare"):
         comparison = reference_comparison(reader, args.model, args.atol, args.rtol)

@@ -6,6 +6,13 @@
 """
 from .mapping import build_kernel_map, classify  # noqa: F401
 from .sites import (  # noqa: F401
-    BranchCalls, MainCalls, SiteOutput, branch_calls, branch_symbols, call_sites, fixed_helper_calls, helper_symbols,
+    BranchCalls,
+    MainCalls,
+    SiteOutput,
+    branch_calls,
+    branch_symbols,
+    call_sites,
+    fixed_helper_calls,
+    helper_symbols,
 )
 from .types import VIEW_SYMBOL, ArgKind, ArgSource, CallSite, GroupPlan, KernelMap, Place, PlaceKind  # noqa: F401

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.sources import Kind, Served, Serving, Servings
+from .relax_analysis import depends_on_params
 from .sites import (
     _bindings,
     _conditional_numbers,
@@ -192,7 +193,6 @@ class _Follower:
 
 def _folded_place(var, pre_fold) -> Place | None:
     """A FOLDED place when FoldConstant removed ``var`` because it needs no model input."""
-    from .relax_analysis import depends_on_params
 
     if var is None or pre_fold is None or depends_on_params(pre_fold["main"], var):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.errors import TVMBehaviourChanged
+from ..importer.relax_values import dim_of
 from .types import _KERNEL_OPS, VIEW_SYMBOL, ArgKind, ArgSource, BranchCalls, CallSite
 from .valuenum import FunctionValues, shape_dims
 
@@ -127,7 +128,6 @@ def _is_tensor(var) -> bool:
 
 def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
     """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call."""
-    from ..importer.relax_values import dim_of
 
     fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
     shapes, dtypes = [], []

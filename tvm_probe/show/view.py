@@ -72,7 +72,7 @@ class ViewUnavailableError(ProbeError):
     """Model Explorer (the ``view`` extra) is not installed."""
 
 
-def _model_explorer():
+def model_explorer():
     """``model_explorer``, or a one-line error saying what to install."""
     try:
         import model_explorer
@@ -411,7 +411,7 @@ def export(results, folder, comparison=None, model=None, overwrite: bool = False
     ``kernels.json`` (the kernel graph), ``kernels.<overlay>.json`` and ``source.<overlay>.json``
     (node data), ``view.json`` (an index, with the ``model-explorer`` commands that load them).
     """
-    _model_explorer()
+    model_explorer()
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()) and not overwrite:
         raise ProbeError(f"'{folder}' exists and is not empty: choose another folder or pass --overwrite (Python: overwrite=True)")
@@ -471,7 +471,7 @@ def _index(files: ViewFiles) -> dict:
 def config(files: ViewFiles):
     """A Model Explorer config loading the exported files: the source model first, its overlays,
     then the kernel graph (read by Model Explorer's JSON loader) and its overlays."""
-    me = _model_explorer()
+    me = model_explorer()
     cfg = me.config()
     if files.source_model is not None:
         cfg.add_model_from_path(str(files.source_model),
@@ -529,7 +529,7 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
         workdir: where the exported files go (default: a temporary folder).
         on_ready: called with the page's address once it is known (before serving).
     """
-    me = _model_explorer()
+    me = model_explorer()
     if port is None:
         port = free_port(host)
     elif _in_use(host, port):
