@@ -53,6 +53,10 @@ class ImportedModel:
             source ops it rewrote; empty for a plain import.  Reports and dumps list them.
         unfixed: with ``import_fixes=False``, the constructs a fix would have rewritten (left as
             TVM imports them), so that a build failure can name them.
+        overwritten: source key → why the compiled module may not compute it: an in-place op's
+            converter wrote its result into the value's place (``y.copy_(w)`` for ``y``), so
+            TVM's module reads the written value wherever ``y`` is used afterwards.  The kernel
+            map gives it as the reason when the value is lost.
     """
 
     mod: Any
@@ -63,6 +67,7 @@ class ImportedModel:
     hash_model: Callable[[], str] = lambda: ""
     fixes: list[AppliedFix] = field(default_factory=list)
     unfixed: list[AppliedFix] = field(default_factory=list)
+    overwritten: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_hash(self) -> str:

@@ -5,9 +5,11 @@ and by module path (``bert.encoder.layer.0.attention.self.query``).  TVM's
 ``from_exported_program`` keeps neither, but its importer fills ``env: fx.Node → Relax expr``
 as it converts, and every converter emits its result with the block builder, so each fx node's
 value is a Relax Var of ``main`` whose identity survives the pipeline (see docs/architecture.md).
-We therefore run TVM's own :class:`ExportedProgramImporter` unchanged and read ``env``
-afterwards — no extra bindings, so the module is structurally identical to a plain import.  The
-only addition wraps each converter so that a failure names the fx node and aten op.
+We therefore run TVM's own :class:`ExportedProgramImporter` unchanged and keep what ``env``
+binds to each node when that node is converted (:class:`OwnValues`: converters of in-place ops
+such as ``copy_`` later write *another* value into their destination's slot) — no extra
+bindings, so the module is structurally identical to a plain import.  The only addition wraps
+each converter so that a failure names the fx node and aten op.
 
 The program imported is ``torch.export.export(module, args).run_decompositions()``: exactly
 what ``from_exported_program`` converts (it runs the default decompositions itself), built by
@@ -30,7 +32,7 @@ from pathlib import PurePath
 
 import numpy as np
 
-from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
+from ..core.errors import ModelError, ProbeError, TVMBehaviourChanged, TVMImportError, UnsupportedOpError, one_line
 from ..core.sources import Kind, SourceMap, SourceValue
 from .fixes import (BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite,
                     off_hint)
@@ -76,7 +78,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
             raise
         except Exception as err:
             raise ModelError(f"TVM's PyTorch importer failed: {one_line(err)}") from None
-    imported = _collect(program, mod, importer.env, module)
+    imported = _collect(program, mod, own_values(importer), module)
     imported.fixes, imported.unfixed = importer.fixes.applied(), importer.unfixed.applied()
     return imported
 
@@ -304,7 +306,9 @@ def _make_importer(import_fixes: bool = True):
         def __init__(self):
             self.fixes = FixLog()    # fixes applied
             self.unfixed = FixLog()  # constructs a fix would rewrite, left alone (fixes off)
+            self.converting = None   # the fx node whose converter runs
             super().__init__()       # builds the convert map, which the fixes wrap
+            self.env = OwnValues(lambda: self.converting)  # each fx node's own value, kept
 
         def create_convert_map(self):
             converters = super().create_convert_map()
@@ -315,7 +319,17 @@ def _make_importer(import_fixes: bool = True):
                 for name in fix.converters:
                     if name in converters:
                         converters[name] = self._fixed(fix, converters[name])
-            return {name: _naming_failures(convert) for name, convert in converters.items()}
+            return {name: self._noting_node(_naming_failures(convert)) for name, convert in converters.items()}
+
+        def _noting_node(self, convert):
+            """``convert`` with ``self.converting`` set to its node while it runs."""
+            def converter(node, *rest):
+                outer, self.converting = self.converting, node
+                try:
+                    return convert(node, *rest)
+                finally:
+                    self.converting = outer
+            return converter
 
         def _bool_compare(self, name, convert):
             """``bool_compare_constant``: ``mask == 0`` → ``logical_not(mask)``, ``mask == 1`` → ``mask``."""
@@ -350,6 +364,48 @@ def _make_importer(import_fixes: bool = True):
             return converter
 
     return _NamingImporter()
+
+
+class OwnValues(dict):
+    """The importer's ``env`` (fx node → Relax expr), remembering each node's *own* value.
+
+    TVM's converters of in-place ops (``copy_`` and the functional ``aten.copy.default`` that
+    export makes of it, ``fill_``, ``masked_fill_``, ``zero_``, ``index_put_``) also write their
+    result into the slot of their destination node, so that later converters read the written
+    value.  At the end of the import, ``env[mul]`` of ``y = x * 2; y.copy_(w)`` is ``w``: a name
+    read from there serves the copied value for ``mul``.  A node is bound first by its own
+    conversion (later nodes, which take it as an argument, write its slot afterwards), so the
+    first value bound to each node is the value of *its* op on *its* operands: ``own`` keeps it,
+    and ``overwritten`` the node whose converter wrote another value into the slot.
+
+    Args:
+        converting: returns the fx node whose converter is running (None outside converters).
+    """
+
+    def __init__(self, converting=lambda: None):
+        super().__init__()
+        self.own: dict = {}
+        self.overwritten: dict = {}
+        self._converting = converting
+
+    def __setitem__(self, node, value):
+        if node not in self.own:
+            self.own[node] = value
+        elif value is not self.own[node] and node not in self.overwritten:
+            writer = self._converting()
+            if writer is not None and writer is not node:
+                self.overwritten[node] = writer
+        super().__setitem__(node, value)
+
+
+def own_values(importer) -> OwnValues:
+    """The importer's record of each fx node's own value (see :class:`OwnValues`)."""
+    env = importer.env
+    if not isinstance(env, OwnValues):
+        raise TVMBehaviourChanged(
+            "TVM's ExportedProgramImporter replaced its env during the import: tvm_probe cannot tell each fx "
+            "node's own value from the values in-place converters wrote into its slot")
+    return env
 
 
 def _naming_failures(convert):
@@ -405,10 +461,12 @@ class _Collected:
         self.var_keys.setdefault(var, []).append(key)
 
 
-def _collect(program, mod, env, module=None) -> ImportedModel:
-    """Turn the importer's ``env`` into a SourceMap, Var tags and constants (``module``: the
-    nn.Module exported, to note modules export never saw called)."""
+def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
+    """Turn each fx node's own value (``values.own``, never the importer's final ``env``, where
+    in-place converters overwrote their destinations) into a SourceMap, Var tags and constants
+    (``module``: the nn.Module exported, to note modules export never saw called)."""
     keys, weights = node_keys(program), placeholder_tensors(program)
+    env = values.own
     out = _Collected(env)
     # a weight's placeholder Var is replaced by a constant (BindParams): identities of it too
     weight_of_var = {env[n]: keys[n] for n in keys if n.op == "placeholder" and keys[n] in weights and n in env}
@@ -435,8 +493,12 @@ def _collect(program, mod, env, module=None) -> ImportedModel:
     out.inputs.sort(key=lambda s: order.get(s.name, len(order)))
     out.sources.model_inputs = [s.name for s in out.inputs]
     out.sources.model_outputs = [keys[n] for n in _user_outputs(program) if n in keys]
+    overwritten = {keys[n]: (f"fx node '{w.name}' ({op_type(w)}) writes into it in place and TVM's importer "
+                             "uses the written value from there on, so nothing needs the value before the write")
+                   for n, w in values.overwritten.items() if n in keys}
     return ImportedModel(mod=mod, sources=out.sources, var_keys=out.var_keys, constants=out.constants,
-                         inputs=out.inputs, hash_model=lambda: model_hash(program, weights))
+                         inputs=out.inputs, hash_model=lambda: model_hash(program, weights),
+                         overwritten=overwritten)
 
 
 def _follow_tuple_fields(mod, var_keys: dict) -> None:

@@ -63,6 +63,7 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
     conditional = _conditional_numbers(main, runtime)
     dims = _input_dims(imported.mod["main"])
+    overwritten = getattr(imported, "overwritten", {})
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
@@ -74,6 +75,9 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
         else:
             kmap.lost[key] = conditional.get(trace.number, why)
             if trace.number in conditional:
+                kmap.known_limits.add(key)
+            elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
+                kmap.lost[key] = f"{overwritten[key]}: {why}"
                 kmap.known_limits.add(key)
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)

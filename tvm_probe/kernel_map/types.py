@@ -142,7 +142,8 @@ class KernelMap:
         places: source key → :class:`Place`, for every value the compiled module holds.
         lost: source key → why it has no place (for tagged values that could not be followed).
         known_limits: the keys of ``lost`` whose reason is a known limit of tvm_probe (values an
-            If decides), not a surprise to report.
+            If decides; the destination of an in-place op, ``y`` of ``y.copy_(w)``, which the
+            import reads nowhere before the write), not a surprise to report.
         helper_symbols: kernels the VM calls that passes after the call graph added (the shape
             functions of symbolic shapes), and kernels called only inside If branches; they
             compute no source value tvm_probe serves.
