@@ -109,3 +109,23 @@ def test_output_weights_and_verify_keys(tmp_path):
     assert cfg.output.weights is True and cfg.verify is True
     with pytest.raises(ConfigError, match="output.weights: must be true or false, got 'yes please'"):
         load_config(path, ["output.weights=yes please"])
+
+
+def test_reference_tvm_none_and_a_tvm_build_with_its_spec(tmp_path):
+    from tvm_probe.investigate import chosen_reference
+    from tvm_probe.probe.tvm_reference import TVMBuildReference
+
+    def reference(text):
+        return load_config(write(tmp_path, f"model:\n  demo: {{}}\nreference: {text}\n")).reference
+
+    plain = reference("tvm")
+    assert (plain.runtime, plain.build) == ("tvm", {"pipeline": "default", "target": "llvm"})
+    assert chosen_reference(plain) == TVMBuildReference("llvm", "default")
+    fused = reference("{tvm: {pipeline: fused}, atol: 0.1}")
+    assert fused.runtime == "tvm" and fused.atol == 0.1
+    assert chosen_reference(fused) == TVMBuildReference("llvm", "fused")
+    nothing = reference("none")
+    assert nothing.runtime == "none" and nothing.build is None and chosen_reference(nothing) is None
+    assert chosen_reference(reference("onnxruntime")).name == "onnxruntime"
+    with pytest.raises(ConfigError, match=r"reference.tvm.pipeline: must be one of default, fused, got 'fast'"):
+        reference("{tvm: {pipeline: fast}}")

@@ -8,7 +8,7 @@ import pytest
 from tvm_probe import ProbeError, Reference, get_reference, register_reference
 from tvm_probe.app.config import ConfigError, load_config
 from tvm_probe.app.investigate import investigate
-from tvm_probe.comparison.reference import reference_names
+from tvm_probe.comparison.reference import NO_REFERENCE, reference_names
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 from tvm_probe.core.schema import Exit
 
@@ -71,8 +71,11 @@ def test_register_refuses_nameless_reserved_and_taken_names(shifted):
     with pytest.raises(ProbeError, match="not a usable reference"):
         register_reference(Reference())
     reserved = ShiftedOnnxruntime()
-    reserved.name = "tvm"
+    reserved.name = NO_REFERENCE
     with pytest.raises(ProbeError, match="reserved"):
+        register_reference(reserved)
+    reserved.name = "tvm"  # the built-in TVM build, registered by its own module on first use
+    with pytest.raises(ProbeError, match="'tvm' is already registered"):
         register_reference(reserved)
     with pytest.raises(ProbeError, match="already registered: pass replace=True"):
         register_reference(ShiftedOnnxruntime())
@@ -88,3 +91,67 @@ def test_the_built_in_references_are_the_runtimes():
     model = demo.tiny_bert(num_layers=1)
     values = get_reference("onnxruntime").values(model, demo.demo_inputs(model))
     assert all(isinstance(v, np.ndarray) for v in values.values()) and len(values) > 50
+
+
+# -- another TVM build: the registered reference 'tvm' ---------------------------------------------
+def test_another_tvm_build_is_a_registered_reference_loaded_on_first_use():
+    import subprocess
+    import sys
+
+    code = ("import sys, tvm_probe.reference as r; names = r.reference_names(); "
+            "print(names[0], names[-1], 'tvm_probe.probe' in sys.modules, 'tvm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["none", "tvm", "False", "False"]  # listed before its module is loaded
+    from tvm_probe.probe.tvm_reference import TVMBuildReference
+
+    build = get_reference("tvm")
+    assert isinstance(build, Reference) and isinstance(build, TVMBuildReference) and "tvm" in reference_names()
+    assert (build.target, build.pipeline) == ("llvm", "default") and build.label == "TVM (llvm, pipeline default)"
+    assert all(build.runs(kind) for kind in ("onnx", "demo", "torch", "tflite"))
+    assert reference_names().count("tvm") == 1 and NO_REFERENCE not in reference_names()[1:]
+
+
+@pytest.fixture(scope="module")
+def demo_fused():
+    from tvm_probe import Probe, demo
+
+    model = demo.tiny_bert(num_layers=1)
+    inputs = demo.demo_inputs(model)
+    probe = Probe.from_onnx(model, pipeline="fused")
+    probe.run(inputs)
+    return model, inputs, probe
+
+
+def test_a_default_build_as_reference_agrees_with_onnxruntime_and_with_a_fused_build(demo_fused):
+    from tvm_probe import compare
+    from tvm_probe.probe.tvm_reference import TVMBuildReference
+    from tvm_probe.tolerance import default_tolerance, within
+
+    model, inputs, fused = demo_fused
+    values = TVMBuildReference(pipeline="default").values(model, inputs)
+    expected = onnxruntime_values(model, inputs)  # independent of TVM
+    both = [k for k in values if k in expected]
+    assert len(both) > 50 and not set(inputs) & set(values)  # computed values only, keyed like onnxruntime's
+    wrong = [k for k in both if values[k].shape != expected[k].shape
+             or not within(values[k], expected[k], default_tolerance(expected[k].dtype)).all()]
+    assert wrong == []
+    result = compare(fused, values)
+    assert result and len(result.values) >= len(both), result.verdict()
+
+
+def test_a_tvm_build_reuses_an_imported_model_and_is_compared_run_to_run(demo_fused):
+    from tvm_probe import Probe, compare
+    from tvm_probe.probe.tvm_reference import TVMBuildReference
+
+    model, inputs, fused = demo_fused
+    reference = TVMBuildReference(pipeline="default")
+    run = reference.values_for(fused, model, inputs)  # what `reference: tvm` compares with
+    assert isinstance(run, Probe) and run.imported is fused.imported  # not imported again
+    assert len(run.kernel_map.sites) > len(fused.kernel_map.sites)  # the unfused build
+    assert compare(fused, run), compare(fused, run).verdict()
+
+
+def test_reference_tvm_in_a_config_is_another_build_and_none_is_no_comparison(tmp_path):
+    outcome = investigate(_config(tmp_path, "tvm"))
+    assert outcome.exit_code == Exit.OK and outcome.comparison and len(outcome.comparison.values) > 50
+    assert investigate(_config(tmp_path, NO_REFERENCE)).comparison is None

@@ -299,3 +299,15 @@ def test_pytorch_module_paths_in_fp16_and_kept():
     out = both.run([x.numpy()])
     np.testing.assert_allclose(both.get("proj"), proj, rtol=1e-4, atol=1)
     np.testing.assert_allclose(next(iter(out.values())), y, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("reference", ["tvm", "none"])
+def test_precision_command_without_a_runtime_reference_holds_fp16_to_the_fp32_tvm_build(ln_case, tmp_path,
+                                                                                      reference):
+    model, inputs, _ = ln_case
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", inputs["x"])
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {{onnx: m.onnx}}\ninputs: {{x: {{file: x.npy}}}}\nreference: {reference}\n")
+    assert main(["--quiet", "precision", str(config), "-o", str(tmp_path / "out")]) == 0
+    assert "plain float16 build against the fp32 TVM build" in (tmp_path / "out" / "precision.yaml").read_text()

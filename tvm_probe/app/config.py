@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ProbeError
-from ..comparison.reference import get_reference, reference_for, reference_names
+from ..comparison.reference import NO_REFERENCE, TVM_BUILD, get_reference, is_no_reference, reference_for, reference_names
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, ModelKind, name_matches
 from ..core.tolerance import Tolerance
 
@@ -175,9 +175,9 @@ class ReferenceSpec:
     (:func:`tvm_probe.tolerance.default_tolerance`); per-pattern overrides win, first match first.
     """
 
-    runtime: str = "onnxruntime"
+    runtime: str = "onnxruntime"   # a registered reference's name, or NO_REFERENCE ('none')
     model: Path | None = None
-    build: dict | None = None   # runtime 'tvm': {pipeline, target} of the reference build
+    build: dict | None = None   # runtime TVM_BUILD ('tvm'): {pipeline, target} of the reference build
     atol: float | None = None
     rtol: float | None = None
     tolerances: tuple[tuple[str, Tolerance], ...] = ()
@@ -407,7 +407,7 @@ class _Validator:
     def compatible(self, cfg: Config) -> None:
         """What the sections say together: checked now, not after a long compile."""
         kind, runtime = cfg.model.kind, cfg.reference.runtime
-        if runtime not in ("none", "tvm") and not get_reference(runtime).runs(kind):
+        if not is_no_reference(runtime) and not get_reference(runtime).runs(kind):
             self.fail(("reference",), f"{runtime!r} cannot run {kind.described}: use reference: "
                                       f"{reference_for(kind).name}")
 
@@ -559,13 +559,14 @@ class _Validator:
     def reference(self, value) -> ReferenceSpec:
         keys = ("reference",)
         if isinstance(value, str) or value is None:
-            value = {"runtime": value or "none"}
+            value = {"runtime": value or NO_REFERENCE}
         if self.mapping(value, keys) is None:
             return ReferenceSpec()
-        self.unknown_keys(value, keys, ("runtime", "model", "tvm", "atol", "rtol", "tolerances"))
-        build = self.reference_build(value["tvm"], keys + ("tvm",)) if "tvm" in value else None
-        runtime = "tvm" if build is not None else self.choice(value, keys + ("runtime",), reference_names(), "onnxruntime")
-        if runtime == "tvm" and build is None:
+        self.unknown_keys(value, keys, ("runtime", "model", TVM_BUILD, "atol", "rtol", "tolerances"))
+        build = self.reference_build(value[TVM_BUILD], keys + (TVM_BUILD,)) if TVM_BUILD in value else None
+        runtime = TVM_BUILD if build is not None else self.choice(value, keys + ("runtime",), reference_names(),
+                                                                  "onnxruntime")
+        if runtime == TVM_BUILD and build is None:
             build = {"pipeline": DEFAULT_PIPELINE, "target": DEFAULT_TARGET}
         model = self.existing_file(value["model"], keys + ("model",)) if "model" in value else None
         tolerances = []

@@ -126,8 +126,9 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
             outcome.dump = probe.dump(config.output.dump, overwrite=config.output.overwrite,
                                       include_weights=config.output.weights,
                                       metadata={"model": config.model.describe()})
-    if config.reference.runtime != "none":
-        outcome.comparison = _compare(config, probe, model, inputs, progress)
+    reference = chosen_reference(config.reference)  # None: reference: none
+    if reference is not None:
+        outcome.comparison = _compare(config, probe, reference, model, inputs, progress)
     if config.verify:
         with progress.stage("verify (independent unfused build)"):
             outcome.verification = probe.verify(inputs)
@@ -140,13 +141,12 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     return outcome
 
 
-def _compare(config: Config, probe, model, inputs, progress):
+def _compare(config: Config, probe, reference, model, inputs, progress):
     from ..comparison.verdict import compare
 
     spec = config.reference
-    with progress.stage(f"reference ({spec.runtime})"):
-        reference = (reference_build(probe, spec.build, inputs) if spec.runtime == "tvm"
-                     else reference_values(spec, model, inputs))
+    with progress.stage(f"reference ({spec.runtime})"):  # another build reuses the probe's import
+        reference = reference.values_for(probe, spec.model or model, inputs)
     atol, rtol = spec.atol, spec.rtol
     if config.precision is not None:  # a reduced-precision build: float16's tolerance by default
         from ..core.precision import precision_tolerance
@@ -157,13 +157,19 @@ def _compare(config: Config, probe, model, inputs, progress):
                        tolerance_for=spec.tolerance_for if spec.tolerances else None, progress=stage.update)
 
 
-def reference_build(probe, build: dict, inputs):
-    """The same imported model built again as ``build`` says (pipeline, target), run on ``inputs``."""
-    from ..probe.probe import Probe
+def chosen_reference(ref_spec):
+    """The :class:`~tvm_probe.reference.Reference` a config's ``reference:`` names: the TVM build
+    its ``tvm:`` describes (:class:`~tvm_probe.probe.tvm_reference.TVMBuildReference`), or the
+    registered one; None for ``reference: none``."""
+    from ..comparison.reference import get_reference, is_no_reference
 
-    other = Probe.from_imported(probe.imported, build["target"], build["pipeline"])
-    other.run(inputs)
-    return other
+    if is_no_reference(ref_spec.runtime):
+        return None
+    if ref_spec.build is not None:
+        from ..probe.tvm_reference import TVMBuildReference
+
+        return TVMBuildReference(**ref_spec.build)
+    return get_reference(ref_spec.runtime)
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
@@ -171,9 +177,7 @@ def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
 
     ``model`` is what :meth:`ModelSpec.load` returned; the config checked that they fit.
     """
-    from ..comparison.reference import get_reference
-
-    return get_reference(ref_spec.runtime).values(ref_spec.model or model, inputs)
+    return chosen_reference(ref_spec).values(ref_spec.model or model, inputs)
 
 
 # -- tvm-probe split -----------------------------------------------------------------------------
@@ -243,6 +247,7 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
 
     from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
     from ..core.precision import PrecisionError, precision_tolerance
+    from ..probe.tvm_reference import TVMBuildReference
     from ..show.report import write_precision_report
 
     progress = progress or Progress(enabled=False)
@@ -256,8 +261,8 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
     with progress.stage("import"):
         imported = import_model(config.model, model, config.import_fixes)
     inputs = _inputs(config, imported, model)
-    reference = None
-    if config.reference.runtime not in ("none", "tvm"):
+    reference, chosen = None, chosen_reference(config.reference)
+    if chosen is not None and not isinstance(chosen, TVMBuildReference):  # else the search's own fp32 build
         with progress.stage(f"reference ({config.reference.runtime})"):
             values = reference_values(config.reference, model, inputs)
         reference = {k: values[k] for k in imported.sources.model_outputs if k in values}
@@ -276,6 +281,7 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
 def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
     """The smallest sub-model on which the config's build still fails as on the whole model,
     written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.reduce`)."""
+    from ..probe.tvm_reference import TVMBuildReference
     from ..tools.reduce import reduce
     from ..core.tolerance import Tolerance
 
@@ -283,7 +289,9 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
         raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "
                           "model: export it to ONNX first")
     spec = config.reference
-    if spec.runtime not in ("onnxruntime", "tvm"):
+    reference = chosen_reference(spec)
+    build = reference if isinstance(reference, TVMBuildReference) else None
+    if build is None and spec.runtime != "onnxruntime":
         raise ConfigError(f"{config.source}: reference: reduce compares with onnxruntime or another TVM build "
                           f"({{tvm: {{pipeline: ..., target: ...}}}}), not {spec.runtime!r}")
     model = config.model.load()
@@ -291,7 +299,7 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
     tolerance = Tolerance(spec.atol, spec.rtol) if spec.atol is not None and spec.rtol is not None else None
     with progress.stage("reduce") as stage:
         return reduce(model, inputs, config.target, config.pipeline,
-                      {"tvm": spec.build} if spec.runtime == "tvm" else None, out_dir=out_dir,
+                      build, out_dir=out_dir,
                       overwrite=overwrite, tolerance=tolerance,
                       progress=lambda step: stage.update(step.total - step.best, max(step.total - 1, 1)))
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import shutil
 import string
@@ -58,6 +57,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from ..core.errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, one_line
+from ..probe.tvm_reference import TVMBuildReference, build_label, pipeline_label, target_label
 from ..store.atomic import replace_folder
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES
 from ..core.tolerance import EXACT, Tolerance, default_tolerance, within
@@ -199,38 +199,13 @@ Failure = Divergence | CompileFailure
 
 
 # -------------------------------------------------------------------------------- references
-@dataclass(frozen=True)
-class TVMBuild:
-    """A TVM build of the model (target and pipeline, as for :meth:`Probe.from_onnx`): the
-    reference when two builds are compared."""
-
-    target: Any = DEFAULT_TARGET
-    pipeline: Any = DEFAULT_PIPELINE
-
-    @property
-    def label(self) -> str:
-        return build_label(self.target, self.pipeline)
-
-
-class _TVMReference:
-    """Another TVM build as the reference."""
-
-    def __init__(self, build: TVMBuild):
-        self.build = build
-        self.label = build.label
-
-    def values(self, model, feeds) -> dict[str, np.ndarray]:
-        from ..probe.probe import Probe
-
-        probe = Probe.from_onnx(model, target=self.build.target, pipeline=self.build.pipeline)
-        probe.run(feeds, allow_nonfinite=True)
-        return served_values(probe)
+#: A TVM build of the model (target and pipeline, as for :meth:`Probe.from_onnx`): the reference
+#: when two builds are compared — the registered reference ``tvm``, under reduce's name for it.
+TVMBuild = TVMBuildReference
 
 
 class _RuntimeReference:
     """A registered reference (:mod:`tvm_probe.reference`) that runs ONNX models."""
-
-    build = None
 
     def __init__(self, reference):
         if not reference.runs("onnx"):
@@ -254,59 +229,26 @@ def _is_onnxruntime(reference) -> bool:
 
 
 def _as_reference(reference):
-    """The reference object for ``reference`` (None, 'onnxruntime', a TVMBuild or a mapping)."""
+    """The reference object for ``reference`` (None, a reference name, a TVMBuild or a mapping):
+    a TVMBuild (its pipeline checked), or a registered reference that runs ONNX models."""
     from ..build.compile import parse_target, resolve_pipeline
-    from ..comparison.reference import get_reference
+    from ..comparison.reference import Reference, get_reference
 
     if reference is None or isinstance(reference, str):
-        return _RuntimeReference(get_reference(reference or "onnxruntime"))
-    if isinstance(reference, Mapping):
-        spec = reference.get("tvm", reference)
+        reference = get_reference(reference or "onnxruntime")
+    elif isinstance(reference, Mapping):
+        spec = reference.get(TVMBuild.name, reference)
         if not isinstance(spec, Mapping) or not set(spec) <= {"target", "pipeline"}:
             raise ReduceError(f"reference {dict(reference)!r} is not a build: give "
                               "{'tvm': {'target': ..., 'pipeline': ...}}")
         reference = TVMBuild(**spec)
-    if not isinstance(reference, TVMBuild):
+    if isinstance(reference, TVMBuild):
+        resolve_pipeline(reference.pipeline, parse_target(reference.target))  # PipelineError if unusable
+        return reference
+    if not isinstance(reference, Reference):
         raise ReduceError(f"reference must be None, a reference name ('onnxruntime'), a TVMBuild or "
                           f"{{'tvm': {{'target': ..., 'pipeline': ...}}}}, got {reference!r}")
-    resolve_pipeline(reference.pipeline, parse_target(reference.target))  # PipelineError if unusable
-    return _TVMReference(reference)
-
-
-def served_values(probe) -> dict[str, np.ndarray]:
-    """Every value a run of ``probe`` can serve that TVM computed (not inputs, not weights)."""
-    from ..core.sources import Kind
-
-    out = {}
-    for value in probe.sources_map:
-        if value.kind in (Kind.VALUE, Kind.CONSTANT):
-            try:
-                out[value.key] = probe.get_tensor(value.key)
-            except ProbeError:
-                continue
-    return out
-
-
-def target_label(target) -> str:
-    """How reports name a target: the user's string, or the JSON form."""
-    if isinstance(target, str):
-        return target
-    if isinstance(target, Mapping):
-        return json.dumps(dict(target))
-    return str(target)
-
-
-def build_label(target, pipeline, version: str = "") -> str:
-    """``TVM 0.27.0 (llvm, pipeline fused)``: how reports name a build."""
-    name = f"TVM {version}" if version else "TVM"
-    return f"{name} ({target_label(target)}, pipeline {pipeline_label(pipeline, target)})"
-
-
-def pipeline_label(pipeline, target=DEFAULT_TARGET) -> str:
-    """How reports name a pipeline: ``default``, ``fused`` or a custom pass's name."""
-    from ..build.compile import parse_target, resolve_pipeline
-
-    return resolve_pipeline(pipeline, parse_target(target))[1]
+    return _RuntimeReference(reference)
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -755,8 +697,11 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
         model: an ONNX path or ``onnx.ModelProto``.
         inputs: ``{input name: array}`` for every graph input.
         target, pipeline: the TVM build that fails, as for :meth:`Probe.from_onnx`.
-        reference: what TVM is compared with: None or ``"onnxruntime"`` (default), or another
-            TVM build — a :class:`TVMBuild` or ``{"tvm": {"target": ..., "pipeline": ...}}``.
+        reference: what TVM is compared with: None or ``"onnxruntime"`` (default), another
+            registered reference that runs ONNX models (a name or the object), or another TVM
+            build — a :class:`TVMBuild` (the registered reference ``tvm``,
+            :class:`~tvm_probe.probe.tvm_reference.TVMBuildReference`) or
+            ``{"tvm": {"target": ..., "pipeline": ...}}``.
         out_dir: write the reproduction folder there (see :meth:`Reduction.write`).
         overwrite, verify: passed to :meth:`Reduction.write`.
         tolerance: one :class:`~tvm_probe.tolerance.Tolerance` for every value; defaults to
@@ -839,7 +784,8 @@ def _result(graph: SubModels, checker: Checker, failure: Failure, search: Search
         actual, (expected, expected_from) = None, _expected(checker, reduced, feeds)
     result = Reduction(model=reduced, inputs=feeds, expected=expected, actual=actual, failure=failure,
                        nodes_before=len(graph), seconds=time.perf_counter() - start, tried=len(search.tried),
-                       target=checker.target, pipeline=checker.pipeline, reference=checker.reference.build,
+                       target=checker.target, pipeline=checker.pipeline,
+                       reference=checker.reference if isinstance(checker.reference, TVMBuild) else None,
                        expected_from=expected_from, complete=not search.stopped, tolerance=checker.tolerance,
                        tvm_version=tvm.__version__)
     log.info(result.summary())

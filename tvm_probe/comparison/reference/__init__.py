@@ -8,8 +8,13 @@ The built-in ones are registered here by name (what YAML ``reference:`` and ``co
 * ``torch`` — eager PyTorch, the exported program interpreted node by node (:mod:`.torch`);
 * ``tflite`` — the TFLite interpreter, every tensor preserved (:mod:`.tflite`).
 
-Another TVM build of the same model (YAML ``reference: tvm``) is a probe, not a runtime, and is
-handled where builds are (``investigate.reference_build``, ``reduce.TVMBuild``).
+* ``tvm`` — another TVM build of the same model (YAML ``reference: tvm`` or ``{tvm: {target:,
+  pipeline:}}``): :class:`tvm_probe.probe.tvm_reference.TVMBuildReference`.  It needs the probe, which
+  sits above this package, so it is registered by its own module, loaded on first use
+  (:data:`_REGISTERED_ELSEWHERE`) — ``get_reference("tvm")`` and :func:`reference_names` find it.
+
+``none`` (:data:`NO_REFERENCE`) is no reference at all: nothing is compared
+(:func:`is_no_reference`).  It is a name YAML ``reference:`` accepts, never a registered reference.
 
 Plugging in your own (an accelerator vendor's runtime, a golden file)::
 
@@ -20,17 +25,35 @@ Plugging in your own (an accelerator vendor's runtime, a golden file)::
 
     register_reference(Golden())      # now reference: golden in YAML, get_reference("golden")
 
-Importing this package imports no runtime: each reference imports its own when it runs.
+Importing this package imports no runtime (and not TVM): each reference imports its own when it runs.
 """
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from ...core.errors import ProbeError
 
-__all__ = ["Reference", "register_reference", "get_reference", "reference_for", "reference_names"]
+__all__ = ["Reference", "register_reference", "get_reference", "reference_for", "reference_names",
+           "NO_REFERENCE", "is_no_reference", "TVM_BUILD"]
+
+#: YAML ``reference: none``: compare with nothing (the run, dump and report only).  A name
+#: ``reference:`` accepts, reserved: no reference can be registered under it.
+NO_REFERENCE = "none"
+
+
+def is_no_reference(name: str) -> bool:
+    """Whether the reference name ``name`` means no reference at all (:data:`NO_REFERENCE`)."""
+    return name == NO_REFERENCE
+
+
+#: The built-in reference that is another TVM build of the model
+#: (:class:`tvm_probe.probe.tvm_reference.TVMBuildReference`; YAML ``reference: tvm`` or
+#: ``{tvm: {target: T, pipeline: P}}``).
+TVM_BUILD = "tvm"
 
 
 class Reference:
@@ -57,6 +80,13 @@ class Reference:
     def runs(self, model_kind: str) -> bool:
         """Whether this reference can run models of ``model_kind``."""
         return str(model_kind) in self.model_kinds
+
+    def values_for(self, probe, model: Any, inputs: Mapping[str, np.ndarray]):
+        """What :func:`tvm_probe.compare.compare` judges ``probe`` against: :meth:`values` of
+        ``model`` on ``inputs``.  A reference that is itself a TVM build overrides it to reuse the
+        probe's imported model and return its run (compared by source name, with why a value it
+        does not serve is unchecked)."""
+        return self.values(model, inputs)
 
     def __repr__(self) -> str:
         return f"<Reference {self.name!r} for {', '.join(self.model_kinds) or 'no models'}>"
@@ -111,8 +141,9 @@ def register_reference(reference: Reference, replace: bool = False) -> Reference
     if not isinstance(reference, Reference) or not reference.name or not reference.model_kinds:
         raise ProbeError(f"{reference!r} is not a usable reference: subclass tvm_probe.reference.Reference "
                          "and set name and model_kinds")
-    if reference.name in _RESERVED:
-        raise ProbeError(f"reference name {reference.name!r} is reserved: pick another name")
+    if is_no_reference(reference.name):
+        raise ProbeError(f"reference name {reference.name!r} is reserved (no reference): pick another name")
+    _load(reference.name)  # a built-in registered by its own module is taken (and replaced) too
     if reference.name in _REGISTRY and not replace:
         raise ProbeError(f"a reference named {reference.name!r} is already registered: pass replace=True "
                          "to replace it")
@@ -122,6 +153,7 @@ def register_reference(reference: Reference, replace: bool = False) -> Reference
 
 def get_reference(name: str) -> Reference:
     """The reference registered as ``name``; ProbeError naming those there are otherwise."""
+    _load(name)
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -133,15 +165,28 @@ def reference_for(model_kind: str) -> Reference:
     for reference in _BUILTIN:
         if reference.runs(model_kind):
             return reference
-    raise ProbeError(f"no reference runs {model_kind} models: give reference: none, or tvm (another build)")
+    raise ProbeError(f"no reference runs {model_kind} models: give reference: {NO_REFERENCE}, or "
+                     f"{', '.join(_REGISTERED_ELSEWHERE)} (another build)")
 
 
 def reference_names() -> tuple[str, ...]:
-    """Every name YAML ``reference:`` accepts: the registered references, ``none`` and ``tvm``."""
-    return _RESERVED[:1] + tuple(_REGISTRY) + _RESERVED[1:]
+    """Every name YAML ``reference:`` accepts: ``none``, the registered references, ``tvm``
+    (whether or not its module is loaded yet)."""
+    return ((NO_REFERENCE,) + tuple(n for n in _REGISTRY if n not in _REGISTERED_ELSEWHERE)
+            + tuple(_REGISTERED_ELSEWHERE))
 
 
-_RESERVED = ("none", "tvm")  # no reference; another TVM build of the model
+def _load(name: str) -> None:
+    """Load the module that registers the built-in ``name``, if it is one not loaded yet."""
+    module = _REGISTERED_ELSEWHERE.get(name)
+    if module is not None and module not in sys.modules:
+        importlib.import_module(module)
+
+
+#: Built-in references that need what sits above this package (the probe): name → the module
+#: that defines and registers it, imported on first use (by name, so that this package imports
+#: neither it nor TVM).
+_REGISTERED_ELSEWHERE = {TVM_BUILD: "tvm_probe.probe.tvm_reference"}
 _BUILTIN = (OnnxruntimeReference(), TorchReference(), TFLiteReference())
 for _reference in _BUILTIN:
     register_reference(_reference)

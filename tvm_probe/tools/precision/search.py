@@ -110,19 +110,21 @@ def find_keep_fp32(imported, inputs, target=DEFAULT_TARGET, pipeline=DEFAULT_PIP
         inputs: the inputs every build runs on.
         target, pipeline: as for :meth:`Probe.from_onnx`.
         reference: expected model outputs by name (onnxruntime's, ...); defaults to the fp32
-            TVM build's.
+            TVM build's (:class:`~tvm_probe.probe.tvm_reference.TVMBuildReference` of ``target`` and
+            ``pipeline``, the build the local errors are measured against too).
         tolerance: a :class:`~tvm_probe.tolerance.Tolerance`; defaults to float16's default.
         progress: called with a short text before each build.
         rank_passing: rank the ops by local error even when the plain build passes (one more
             build: the module of every op's slices); without it, a passing build has no ranking.
     """
     from ...probe.probe import Probe
+    from ...probe.tvm_reference import TVMBuildReference
     from ...core.tolerance import default_tolerance
 
     say = progress or (lambda text: None)
     tolerance = tolerance or default_tolerance("float16")
     say("fp32 build")
-    fp32 = Probe.from_imported(imported, target, pipeline)
+    fp32 = TVMBuildReference(target, pipeline).probe(imported)
     fp32_out = fp32.run(inputs)
     what = "the fp32 TVM build" if reference is None else "the reference"
     reference = {k: np.asarray(v) for k, v in (reference or fp32_out).items() if k in fp32_out}
