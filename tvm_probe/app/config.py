@@ -36,10 +36,23 @@ from typing import Any
 
 import numpy as np
 
+from ..capture.remote.spec import parse_remote, remote_problems
+from ..comparison.reference import (
+    NO_REFERENCE,
+    TVM_BUILD,
+    get_reference,
+    is_no_reference,
+    reference_for,
+    reference_names,
+)
 from ..core.errors import ProbeError
-from ..comparison.reference import NO_REFERENCE, TVM_BUILD, get_reference, is_no_reference, reference_for, reference_names
+from ..core.precision import PrecisionError, parse_precision
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, ModelKind, name_matches
 from ..core.tolerance import Tolerance
+from ..importer import demo
+from ..importer.demo import PRESETS, SIZES
+from ..importer.onnx import load_onnx
+from ..importer.tflite import load_tflite
 
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -103,14 +116,9 @@ class ModelSpec:
         if self.torch is not None:
             return self.load_torch()
         if self.tflite is not None:
-            from ..importer.tflite import load_tflite
-
             return load_tflite(self.tflite)
         if self.onnx is not None:
-            from ..importer.onnx import load_onnx
-
             return load_onnx(self.onnx)
-        from ..importer import demo
 
         sizes = dict(self.demo or {})
         merged = {**demo.PRESETS[sizes.pop("preset", "tiny")], **sizes}
@@ -463,7 +471,6 @@ class _Validator:
         demo = value["demo"] or {}
         if self.mapping(demo, keys + ("demo",)) is None:
             return None
-        from ..importer.demo import PRESETS, SIZES
 
         self.unknown_keys(demo, keys + ("demo",), ("preset",) + SIZES)
         if demo.get("preset", "tiny") not in PRESETS:
@@ -611,7 +618,6 @@ class _Validator:
     def precision(self, value):
         """``precision: fp16 | {dtype: fp16, keep_fp32: [names]}`` (the checks of tvm_probe.precision;
         the names are checked against the model once it is imported)."""
-        from ..core.precision import PrecisionError, parse_precision
 
         try:
             return parse_precision(value)
@@ -621,7 +627,6 @@ class _Validator:
 
     def remote(self, value):
         """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.remote)."""
-        from ..capture.remote.spec import parse_remote, remote_problems
 
         problems = remote_problems(value)
         for keys, text in problems:

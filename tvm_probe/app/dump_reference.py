@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ModelSpec
+from ..comparison.reference import reference_for
+from ..comparison.verdict import compare
 from ..core.errors import ProbeError
+from ..importer import import_model
+from .config import ModelSpec
 
 
 def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
@@ -14,7 +17,6 @@ def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
     ONNX, TFLite and demo dumps are compared with onnxruntime (TFLite: the TFLite interpreter),
     PyTorch dumps with eager PyTorch.  ``model_path`` (an ONNX file) replaces the recorded model.
     """
-    from ..comparison.verdict import compare
 
     if not reader.source_names_known:
         raise ProbeError("this dump was written by TVM's debug executor: it has no source names to match "
@@ -25,7 +27,6 @@ def compare_dump(reader, model_path=None, atol=None, rtol=None, progress=None):
     if reader.model_hash and imported_hash != reader.model_hash:
         raise ProbeError("the model differs from the one the dump was made with (hash mismatch): "
                          "give the original with --model PATH")
-    from ..comparison.reference import reference_for
 
     reference = reference_for(spec.kind).values(model, reader.inputs)
     return compare(reader, reference, atol=atol, rtol=rtol, keys=reader.captured_keys, progress=progress)
@@ -53,6 +54,5 @@ def recorded_model(reader, model_path=None) -> ModelSpec:
 
 def _model_hash(spec: ModelSpec, model) -> str:
     """The hash the importer records for ``model`` (what dumps store), without compiling."""
-    from ..importer import import_model
 
     return import_model(spec.kind, model, spec.shapes).model_hash

@@ -14,10 +14,26 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, ConfigError, ModelSpec
+from ..capture.remote import connect
+from ..comparison.reference import get_reference, is_no_reference
+from ..comparison.verdict import compare
 from ..core.errors import NameLookupError
-from .progress import Progress
+from ..core.metrics import error_stats, worst
+from ..core.names import NameIndex
+from ..core.precision import PrecisionError, precision_tolerance
 from ..core.schema import Exit
+from ..core.tolerance import Tolerance, tolerance_of, within
+from ..importer import demo
+from ..importer import import_model as by_kind
+from ..llm.hf import investigate_generation
+from ..probe.probe import Probe
+from ..probe.tvm_reference import TVMBuildReference
+from ..show.report import write_precision_report, write_report
+from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
+from ..tools.reduce import reduce
+from ..tools.split import balance, run_pipeline, split
+from .config import Config, ConfigError, ModelSpec
+from .progress import Progress
 
 
 @dataclass
@@ -45,14 +61,12 @@ class Outcome:
 # -- models ------------------------------------------------------------------------------------
 def import_model(spec: ModelSpec, model, import_fixes: bool = True):
     """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
-    from ..importer import import_model as by_kind
 
     return by_kind(spec.kind, model, spec.shapes, import_fixes)
 
 
 def build_probe(config: Config, model, progress: Progress):
     """Import ``model``, check the config against it, compile it; return the probe and inputs."""
-    from ..probe.probe import Probe
 
     with progress.stage("import"):
         imported = import_model(config.model, model, config.import_fixes)
@@ -60,7 +74,6 @@ def build_probe(config: Config, model, progress: Progress):
     _check_capture(config, imported)
     remote = None
     if config.remote is not None:  # reachable, with the instrument, before the long compile
-        from ..capture.remote import connect
 
         with progress.stage(f"connect ({config.remote.describe()})"):
             remote = connect(config.remote)
@@ -72,7 +85,6 @@ def build_probe(config: Config, model, progress: Progress):
 
 def _check_capture(config: Config, imported) -> None:
     """Every capture pattern names something in this model (before the long compile)."""
-    from ..core.names import NameIndex
 
     if config.capture in (None, "all"):
         return
@@ -100,7 +112,6 @@ def _inputs(config: Config, imported, model) -> dict[str, np.ndarray]:
         if config.model.kind != "demo":
             raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
                               f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
-        from ..importer import demo
 
         defaults = demo.demo_inputs(model)
     return {n: (given[n].load(specs[n]) if n in given else defaults[n]) for n in specs}
@@ -111,8 +122,6 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes: probe, dump, compare, verify, report."""
     progress = progress or Progress(enabled=False)
     if config.generate is not None:  # model: {hf: ...}: a generation, compared step by step
-        from ..llm.hf import investigate_generation
-        from ..probe.probe import Probe
 
         return investigate_generation(config, progress, Probe)
     model = config.model.load()
@@ -133,8 +142,6 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
         with progress.stage("verify (independent unfused build)"):
             outcome.verification = probe.verify(inputs)
     if config.output.report is not None:
-        from ..show.report import write_report
-
         with progress.stage("report"):
             outcome.report = write_report(config.output.report, probe, outcome.comparison,
                                           formats=config.output.write)
@@ -142,14 +149,11 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
 
 
 def _compare(config: Config, probe, reference, model, inputs, progress):
-    from ..comparison.verdict import compare
-
     spec = config.reference
     with progress.stage(f"reference ({spec.runtime})"):  # another build reuses the probe's import
         reference = reference.values_for(probe, spec.model or model, inputs)
     atol, rtol = spec.atol, spec.rtol
     if config.precision is not None:  # a reduced-precision build: float16's tolerance by default
-        from ..core.precision import precision_tolerance
 
         atol, rtol = precision_tolerance(spec).atol, precision_tolerance(spec).rtol
     with progress.stage("compare") as stage:
@@ -161,13 +165,10 @@ def chosen_reference(ref_spec):
     """The :class:`~tvm_probe.reference.Reference` a config's ``reference:`` names: the TVM build
     its ``tvm:`` describes (:class:`~tvm_probe.probe.tvm_reference.TVMBuildReference`), or the
     registered one; None for ``reference: none``."""
-    from ..comparison.reference import get_reference, is_no_reference
 
     if is_no_reference(ref_spec.runtime):
         return None
     if ref_spec.build is not None:
-        from ..probe.tvm_reference import TVMBuildReference
-
         return TVMBuildReference(**ref_spec.build)
     return get_reference(ref_spec.runtime)
 
@@ -199,7 +200,6 @@ class SplitOutcome:
 
 def split_investigation(config: Config, atol: float | None, rtol: float | None, progress: Progress) -> SplitOutcome:
     """Cut the model where ``config.split`` says, verify the chained stages against the whole."""
-    from ..tools.split import balance, run_pipeline, split
 
     if config.split is None:
         raise ConfigError(f"{config.source}: split: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
@@ -224,10 +224,11 @@ def split_investigation(config: Config, atol: float | None, rtol: float | None, 
 
 def _chained_outcome(plan, cuts, evenness, whole, chained, atol, rtol) -> SplitOutcome:
     """The chained stages' outputs judged against the whole model's by the one tolerance rule."""
-    from ..core.tolerance import tolerance_of, within
 
     tolerances = {k: tolerance_of(whole[k].dtype, atol, rtol) for k in whole}
-    diff = max(float(np.max(np.abs(whole[k].astype(np.float64) - chained[k]), initial=0.0)) for k in whole)
+    # NaN/Inf by the rule of tvm_probe.core.metrics (the same NaN on both sides agrees, on one side only
+    # is inf), folded over the outputs in any order to the same figure
+    diff = worst(error_stats(chained[k], whole[k]) for k in whole).max_abs
     ok = all(bool(np.all(within(chained[k], whole[k], tolerances[k]))) for k in whole)
     rule = "; ".join(sorted({f"{whole[k].dtype}: {t}" for k, t in tolerances.items()}))
     return SplitOutcome(plan=plan, cuts=cuts, evenness=evenness, max_difference=diff, within_tolerance=ok,
@@ -245,10 +246,6 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
     """
     import logging
 
-    from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
-    from ..core.precision import PrecisionError, precision_tolerance
-    from ..probe.tvm_reference import TVMBuildReference
-    from ..show.report import write_precision_report
 
     progress = progress or Progress(enabled=False)
     if config.remote is not None:
@@ -281,9 +278,6 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
 def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
     """The smallest sub-model on which the config's build still fails as on the whole model,
     written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.reduce`)."""
-    from ..probe.tvm_reference import TVMBuildReference
-    from ..tools.reduce import reduce
-    from ..core.tolerance import Tolerance
 
     if config.model.kind not in ("onnx", "demo"):
         raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "

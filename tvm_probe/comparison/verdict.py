@@ -20,7 +20,6 @@ reference's — TVM adding them or dropping them.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Mapping
@@ -28,6 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..core.errors import ProbeError
+from ..core.metrics import EMPTY, TINY, both_finite, cosine_snr, error_stats
 from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
@@ -176,29 +176,32 @@ def compare_many(entries) -> list[ValueComparison]:
 
 def _compare_one(key: str, name: str, served: str, g: np.ndarray, r: np.ndarray, tol: Tolerance) -> ValueComparison:
     """:func:`compare_arrays` of one value of any dtype, NaN and infinities included: metrics
-    over the elements both sides hold as finite numbers, pass/fail by the tolerance rule."""
+    over the elements both sides hold as finite numbers (:func:`tvm_probe.core.metrics.error_stats`),
+    pass/fail by the tolerance rule."""
     counts = {f"{what}_{side}": 0 if a.dtype.kind not in "fc" else int(test(a).sum())
               for side, a in (("tvm", g), ("ref", r)) for what, test in (("nan", np.isnan), ("inf", np.isinf))}
     base = dict(key=key, name=name, served=served, dtype=_dtype_name(r.dtype), tolerance=str(tol), **counts)
-    if g.shape != r.shape:
-        return ValueComparison(**base, max_abs=np.inf, max_rel=np.inf, mean_abs=np.inf, cosine=np.nan,
-                               snr_db=-np.inf, passed=False,
+    stats = error_stats(g, r)
+    # A value's max_abs is its finite elements' (stats.finite_max_abs, not the rule's stats.max_abs,
+    # which a single NaN makes inf): the NaN/Inf disagreements are reported beside it — counts,
+    # ``note``, ``nonfinite_differ`` — and fail it through ``passed``.
+    figures = dict(max_abs=stats.finite_max_abs, max_rel=stats.max_rel, mean_abs=stats.mean_abs,
+                   cosine=stats.cosine, snr_db=stats.snr_db)
+    if stats.shape_mismatch:
+        return ValueComparison(**base, **figures, passed=False,
                                note=f"shape {list(g.shape)} where the reference has {list(r.shape)}")
-    g64, r64 = g.astype(np.float64), r.astype(np.float64)
-    note = _nonfinite_difference(g64, r64) if any(counts.values()) else ""
-    finite = np.isfinite(g64) & np.isfinite(r64)
-    (metrics,) = _finite_metrics([(g64[finite], r64[finite], tol)])
-    metrics["passed"] = bool(within(g, r, tol).all())
-    return ValueComparison(**base, **metrics, nonfinite_differ=bool(note), note=note)
-
-
-_TINY = np.finfo(np.float64).tiny
+    note = _nonfinite_difference(g.astype(np.float64), r.astype(np.float64)) if stats.mismatches else ""
+    return ValueComparison(**base, **figures, passed=bool(within(g, r, tol).all()), nonfinite_differ=bool(note),
+                           note=note)
 
 
 def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[dict | None]:
     """For each ``(got, ref, tol)`` of equal sizes: max abs / max rel / mean abs error, cosine,
     SNR and ``passed`` (every element within ``tol``), or None when either holds a NaN or an
-    infinity.  All pairs in one pass over their elements laid end to end."""
+    infinity.  All pairs in one pass over their elements laid end to end.
+
+    The figures of :func:`tvm_probe.core.metrics.error_stats` (test_metrics holds them equal), made
+    here for many pairs at once: a generation compare measures hundreds of small values a step."""
     sizes = [g.size for g, _, _ in pairs]
     out: list[dict | None] = [_EMPTY_METRICS.copy() if not n else None for n in sizes]
     kept = [i for i, n in enumerate(sizes) if n]
@@ -220,23 +223,21 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         diff, abs_ref = np.abs(G - R), np.abs(R)
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
         columns = [per(ufunc, a).tolist() for ufunc, a in (
-            (np.logical_and, np.isfinite(G) & np.isfinite(R)), (np.logical_and, diff <= atol + rtol * abs_ref),
-            (np.maximum, diff), (np.maximum, diff / np.maximum(abs_ref, _TINY)), (np.add, diff),
+            (np.logical_and, both_finite(G, R)), (np.logical_and, diff <= atol + rtol * abs_ref),
+            (np.maximum, diff), (np.maximum, diff / np.maximum(abs_ref, TINY)), (np.add, diff),
             (np.add, G * G), (np.add, R * R), (np.add, G * R), (np.add, diff * diff),
             (np.logical_or, (G != 0) | (R != 0)))]
     for i, (finite, passed, max_abs, max_rel, sum_abs, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
-        if not finite:
+        if not finite:  # a NaN or infinity: measured by _compare_one, which follows the rule
             continue
-        norm = math.sqrt(gg) * math.sqrt(rr)
-        cosine = gr / norm if norm > 0 else (0.0 if nonzero else 1.0)
-        ratio = rr / noise if noise else math.inf
-        snr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
+        cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)
         out[i] = dict(max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / sizes[i], cosine=cosine, snr_db=snr,
                       passed=passed)
     return out
 
 
-_EMPTY_METRICS = dict(max_abs=0.0, max_rel=0.0, mean_abs=0.0, cosine=1.0, snr_db=np.inf, passed=True)
+_EMPTY_METRICS = dict(max_abs=EMPTY.finite_max_abs, max_rel=EMPTY.max_rel, mean_abs=EMPTY.mean_abs,
+                      cosine=EMPTY.cosine, snr_db=EMPTY.snr_db, passed=True)
 
 
 @functools.lru_cache(maxsize=None)

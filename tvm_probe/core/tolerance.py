@@ -71,7 +71,10 @@ def within(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:
     g = np.asarray(got)
     r = np.asarray(ref)
     if g.dtype.kind not in "fc" and r.dtype.kind not in "fc":
-        return g == r if tol == EXACT else np.abs(g.astype(np.float64) - r) <= tol.atol + tol.rtol * np.abs(r)
+        if tol == EXACT:
+            return g == r
+        r64 = r.astype(np.float64)  # before abs: np.abs of int64's minimum overflows to itself
+        return np.abs(g.astype(np.float64) - r64) <= tol.atol + tol.rtol * np.abs(r64)
     g64, r64 = g.astype(np.float64), r.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         close = np.abs(g64 - r64) <= tol.atol + tol.rtol * np.abs(r64)

@@ -56,11 +56,23 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..core.errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, one_line
+from ..build.compile import compile_plain, parse_target, resolve_pipeline
+from ..comparison.reference import Reference, get_reference
+from ..comparison.reference.onnxruntime import onnxruntime_values
+from ..core.errors import InputError, ProbeError, TVMBehaviourChanged, TVMRunError, failure_identity, one_line
+from ..core.metrics import error_stats
+from ..core.native_log import native_log_to_logging
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES
+from ..core.sources import Kind
+from ..core.tolerance import EXACT, Tolerance, default_tolerance, describe_defaults, within
+from ..importer.onnx import load_onnx
+from ..importer.onnx_graph import (
+    node_inputs,  # every tensor a node reads, subgraphs included
+    sub_model,
+)
+from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference, build_label, pipeline_label, target_label
 from ..store.atomic import replace_folder
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES
-from ..core.tolerance import EXACT, Tolerance, default_tolerance, within
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +186,6 @@ class CompileFailure:
     def core(self) -> str:
         """The failure's identity: type and message without what varies between equal failures
         (:func:`tvm_probe.errors.failure_identity`, the one rule)."""
-        from ..core.errors import failure_identity
 
         return failure_identity(self.error_type, self.message)
 
@@ -218,8 +229,6 @@ class _RuntimeReference:
 
 
 def _onnxruntime() -> _RuntimeReference:
-    from ..comparison.reference import get_reference
-
     return _RuntimeReference(get_reference("onnxruntime"))
 
 
@@ -231,8 +240,6 @@ def _is_onnxruntime(reference) -> bool:
 def _as_reference(reference):
     """The reference object for ``reference`` (None, a reference name, a TVMBuild or a mapping):
     a TVMBuild (its pipeline checked), or a registered reference that runs ONNX models."""
-    from ..build.compile import parse_target, resolve_pipeline
-    from ..comparison.reference import Reference, get_reference
 
     if reference is None or isinstance(reference, str):
         reference = get_reference(reference or "onnxruntime")
@@ -268,13 +275,13 @@ def find_divergence(value, got, ref, tolerance: Tolerance | None = None) -> Dive
         return None
     masks = _disagreements(got, ref, bad)
     counts = tuple((kind, int(mask.sum())) for kind, mask in masks.items() if mask.any())
+    # max_abs over the failing finite elements only (NaN/Inf disagreements are counted by kind
+    # above), all finite on both sides: the rule's max abs and the finite one coincide there
     value_bad = masks["value"]
-    with np.errstate(invalid="ignore", over="ignore"):
-        errors = np.abs(got.astype(np.float64) - ref.astype(np.float64))[value_bad]
+    max_abs = error_stats(got[value_bad], ref[value_bad]).max_abs
     digest = hashlib.sha1(np.packbits(masks["nan-missing"]).tobytes() + b"|"
                           + np.packbits(masks["nan-extra"]).tobytes()).hexdigest()[:16]
-    return Divergence(**base, counts=counts, max_abs=float(errors.max()) if errors.size else 0.0,
-                      nan_digest=digest)
+    return Divergence(**base, counts=counts, max_abs=max_abs, nan_digest=digest)
 
 
 def _disagreements(got: np.ndarray, ref: np.ndarray, bad: np.ndarray) -> dict[str, np.ndarray]:
@@ -303,8 +310,6 @@ class SubModels:
     """
 
     def __init__(self, proto, values: Mapping[str, np.ndarray]):
-        from ..importer.onnx_graph import node_inputs  # every tensor a node reads, subgraphs included
-
         self.proto = proto
         self.nodes = list(proto.graph.node)
         self.reads = [node_inputs(node) for node in self.nodes]
@@ -329,7 +334,6 @@ class SubModels:
         """
         from onnx import numpy_helper
 
-        from ..importer.onnx_graph import sub_model
 
         kept = sorted(set(keep))
         kept_set = set(kept)
@@ -360,7 +364,6 @@ class SubModels:
     def constant_tensors(self, sources=None) -> set[str]:
         """Tensors that were constants in the whole model: those TVM's importer folded (from
         ``sources``, the SourceMap of an import), else those computed from weights and shapes alone."""
-        from ..core.sources import Kind
 
         if sources is not None:
             return {v.key for v in sources if v.kind is Kind.CONSTANT}
@@ -403,7 +406,6 @@ class Checker:
         ``reference``: the reference's values when already known.  A model tvm_probe cannot
         import although plain TVM compiles it is not a TVM failure: the tvm_probe error is raised.
         """
-        from ..probe.probe import Probe
 
         try:
             probe = Probe.from_onnx(model, target=self.target, pipeline=self.pipeline)
@@ -432,7 +434,6 @@ class Checker:
         if isinstance(failure, CompileFailure):
             seen = self.compile_failure(model)
             return seen is not None and seen.same_as(failure)
-        from ..probe.probe import Probe
 
         try:
             probe = Probe.from_onnx(model, target=self.target, pipeline=self.pipeline)
@@ -451,7 +452,6 @@ class Checker:
     def first_divergence(self, probe, feeds, reference, last: str | None = None) -> Divergence | None:
         """Run ``probe`` on ``feeds``; the first value, in model order, out of tolerance against
         ``reference`` (values after the tensor ``last`` are not looked at)."""
-        from ..core.sources import Kind
 
         self._outputs = probe.run(feeds, allow_nonfinite=True)
         for value in probe.sources_map:
@@ -470,8 +470,6 @@ class Checker:
         """How plain TVM (its ONNX frontend, then ``tvm.compile``) fails on ``model``; None if it builds."""
         from tvm.relax.frontend.onnx import from_onnx
 
-        from ..build.compile import compile_plain
-        from ..core.native_log import native_log_to_logging
 
         with native_log_to_logging(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -720,8 +718,6 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
             cannot be written.
         InputError, ModelError, PipelineError: bad inputs, model, target or pipeline.
     """
-    from ..build.compile import parse_target, resolve_pipeline
-    from ..importer.onnx import load_onnx
 
     start = time.perf_counter()
     if out_dir is not None:
@@ -826,7 +822,6 @@ def _check_inputs(proto, inputs) -> dict[str, np.ndarray]:
 
 def _whole_model_values(proto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs and every node output of the whole model, from onnxruntime."""
-    from ..comparison.reference.onnxruntime import onnxruntime_values
 
     try:
         computed = onnxruntime_values(proto, inputs)
@@ -836,8 +831,6 @@ def _whole_model_values(proto, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
 
 
 def _tolerance_text(tolerance: Tolerance | None) -> str:
-    from ..core.tolerance import describe_defaults
-
     return str(tolerance) if tolerance is not None else describe_defaults()
 
 

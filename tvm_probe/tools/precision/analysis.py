@@ -6,9 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ProbeError, one_line
 from ...build.precision import op_slice
+from ...core.device import device_for
+from ...core.errors import ProbeError, one_line
+from ...core.metrics import both_finite
+from ...core.metrics import error_stats as stats_of
+from ...core.native_log import native_log_to_logging
 from ...core.precision import PrecisionError
+from ...core.sources import Kind
 
 
 @dataclass
@@ -82,17 +87,23 @@ def _describe(op: OpError) -> str:
 
 
 def error_stats(low: np.ndarray, ref: np.ndarray) -> tuple[float, float, int, int, int]:
-    """(normalized error, max abs error, new inf, new NaN, flushed to zero) of ``low`` against ``ref``."""
+    """(normalized error, max abs error, new inf, new NaN, flushed to zero) of ``low`` against ``ref``.
+
+    The max abs error is :func:`tvm_probe.core.metrics.error_stats`'s over the elements finite on both
+    sides (``finite_max_abs``); normalized, it is divided by the largest such ``|ref|``.  Unlike the
+    symmetric rule of :mod:`tvm_probe.core.metrics`, only what the reduced build *creates* makes it inf:
+    inf / NaN where ``ref`` is finite / a number (a reduced value that is finite where fp32
+    overflowed is not this op's new error)."""
+
     lo, rf = np.asarray(low, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    if lo.shape != rf.shape:
+    stats = stats_of(lo, rf)
+    if stats.shape_mismatch:
         return float("inf"), float("inf"), 0, 0, 0
     inf = int((np.isinf(lo) & np.isfinite(rf)).sum())
     nan = int((np.isnan(lo) & ~np.isnan(rf)).sum())
     zero = int(((lo == 0) & (rf != 0) & np.isfinite(rf)).sum())
-    both = np.isfinite(lo) & np.isfinite(rf)
-    diff = np.abs(lo[both] - rf[both])
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(rf[both]).max()) if diff.size else 0.0
+    max_abs = stats.finite_max_abs
+    scale = float(np.abs(rf[both_finite(lo, rf)]).max()) if stats.finite else 0.0
     norm = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     if inf or nan:
         norm = float("inf")
@@ -106,7 +117,6 @@ def analyse(low_probe, fp32_probe) -> PrecisionAnalysis:
     See the module docstring for what local and inherited mean.  The slices of every op are
     compiled into one module for the low probe's target and run on this machine.
     """
-    from ...core.sources import Kind
 
     if low_probe.precision is None:
         raise PrecisionError("analyse() needs a probe built with precision=...: the first argument is fp32")
@@ -192,8 +202,6 @@ class _Cuts:
         import tvm
         from tvm import relax
 
-        from ...core.device import device_for
-        from ...core.native_log import native_log_to_logging
 
         funcs = {}
         for i, (_, low_fn, ref_fn, _, _) in enumerate(self.jobs):

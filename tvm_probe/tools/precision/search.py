@@ -7,7 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
+from ...core.metrics import error_stats
+from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, Exit
+from ...core.tolerance import default_tolerance, within
+from ...probe.probe import Probe
+from ...probe.tvm_reference import TVMBuildReference
 from .analysis import PrecisionAnalysis, analyse
 
 
@@ -16,7 +20,7 @@ class OutputCheck:
     """The model outputs of one build against the reference outputs, under one tolerance."""
 
     passed: bool
-    errors: dict[str, float]  # output name → max abs error (inf when NaN/inf appear on one side)
+    errors: dict[str, float]  # output name → max abs error, NaN/Inf by the rule of tvm_probe.core.metrics
 
     def describe(self) -> str:
         worst = max(self.errors.values(), default=0.0)
@@ -25,22 +29,15 @@ class OutputCheck:
 
 def check_outputs(outputs: dict, reference: dict, tolerance) -> OutputCheck:
     """``outputs`` against ``reference`` (both by output name) under ``tolerance``
-    (the rule of :mod:`tvm_probe.tolerance`: a NaN or infinity on one side only fails)."""
-    from ...core.tolerance import within
+    (the rule of :mod:`tvm_probe.core.tolerance`: a NaN or infinity on one side only fails); each
+    output's error is :attr:`tvm_probe.core.metrics.ErrorStats.max_abs` (inf for a NaN or infinity on
+    one side only or another shape)."""
 
     errors, passed = {}, True
     for name, ref in reference.items():
         got, ref = np.asarray(outputs[name]), np.asarray(ref)
-        ok = got.shape == ref.shape and bool(within(got, ref, tolerance).all())
-        passed &= ok
-        if got.shape != ref.shape:
-            errors[name] = float("inf")
-            continue
-        g, r = got.astype(np.float64), ref.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(g - r)
-        errors[name] = float(np.nanmax(np.where(np.isnan(diff) & ~(np.isnan(g) & np.isnan(r)), np.inf, diff))) \
-            if diff.size else 0.0
+        passed &= got.shape == ref.shape and bool(within(got, ref, tolerance).all())
+        errors[name] = error_stats(got, ref).max_abs
     return OutputCheck(passed=passed, errors=errors)
 
 
@@ -117,9 +114,6 @@ def find_keep_fp32(imported, inputs, target=DEFAULT_TARGET, pipeline=DEFAULT_PIP
         rank_passing: rank the ops by local error even when the plain build passes (one more
             build: the module of every op's slices); without it, a passing build has no ranking.
     """
-    from ...probe.probe import Probe
-    from ...probe.tvm_reference import TVMBuildReference
-    from ...core.tolerance import default_tolerance
 
     say = progress or (lambda text: None)
     tolerance = tolerance or default_tolerance("float16")
@@ -204,6 +198,5 @@ class PrecisionOutcome:
     @property
     def exit_code(self) -> int:
         """OK when a set of ops was found (possibly empty), DIVERGED when even all-fp32 fails."""
-        from ...core.schema import Exit
 
         return Exit.OK if self.search.found else Exit.DIVERGED
