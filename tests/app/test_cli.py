@@ -147,3 +147,13 @@ def test_ls_matches_every_name_of_a_value(demo_run):
     _, out = demo_run
     by_tensor = cli("ls", out / "dump", "*Softmax:0")  # a tensor name, not the node name
     assert by_tensor.returncode == 0 and by_tensor.stdout.count("Softmax:0") == 2
+
+
+def test_version_names_tvm_probe_and_the_tvm_it_runs_on():
+    from importlib import metadata
+
+    import tvm_probe
+
+    out = run_cli("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"tvm-probe {tvm_probe.__version__} (apache-tvm {metadata.version('apache-tvm')})"

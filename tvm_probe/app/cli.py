@@ -25,6 +25,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import __version__
 from ..capture.remote import Server
 from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, one_line
@@ -53,12 +54,23 @@ def _global_options(parser, default) -> None:
                         help="log what TVM prints while compiling, and more")
 
 
+def _tvm_version() -> str:
+    """The installed apache-tvm's version, read from its metadata (importing TVM takes a second)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apache-tvm")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def _parser() -> argparse.ArgumentParser:
     commands = __doc__.split("\n\n", 1)[1].split("\nGlobal options")[0]
     p = _Parser(prog="tvm-probe",
                 description="Read any intermediate tensor of a TVM-compiled model by its source name.\n\n"
                             + commands, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _global_options(p, False)
+    p.add_argument("--version", action="version", version=f"tvm-probe {__version__} (apache-tvm {_tvm_version()})")
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, argparse.SUPPRESS)  # after the command too, without resetting the top level
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
