@@ -11,7 +11,7 @@ registry for that moment too).  The registrations are undone right after (the re
 process-wide), and the VM keeps what it resolved.  The executable, its kernels and their order
 are those of the deployed module: nothing is rebuilt.
 
-Hooks are native (:class:`tvm_probe.native.HookSwitch`: C++ wrappers doing the native
+Hooks are native (:class:`tvm_probe.capture.native.HookSwitch`: C++ wrappers doing the native
 instrument's own bookkeeping for the session a run points them at) or, without the native
 library, Python wrappers calling :attr:`HookedVM.observer` (a few kernels only).  A hook sees the
 arguments of its kernel (destination-passing style: inputs, then outputs) and counts the calls
@@ -25,6 +25,10 @@ import threading
 from typing import Callable, Iterable
 
 import numpy as np
+
+from ..core.errors import TVMBehaviourChanged
+from ..kernel_map import ArgKind
+from .observer import Observer
 
 _REGISTERING = threading.RLock()  # the global registry is process-wide: one VM set up at a time
 
@@ -51,14 +55,14 @@ class HookedVM:
 
         self.hooked = frozenset(hooked)
         self.observer: Callable[[str, tuple, bool], None] = _ignore
-        #: the native hooks' switch (:class:`tvm_probe.native.HookSwitch`), or None: Python wrappers
+        #: the native hooks' switch (:class:`tvm_probe.capture.native.HookSwitch`), or None: Python wrappers
         self.switch = switch
         #: the call sites of each hooked symbol, by occurrence
         self.sites_of = {symbol: [s for s in kernel_map.sites if s.symbol == symbol] for symbol in self.hooked}
         #: the indices of the call sites of hooked kernels (helpers lowering added have none)
         self.hooked_sites = [s.index for s in kernel_map.sites if s.symbol in self.hooked]
         self.hooked_columns = np.array(self.hooked_sites, dtype=np.intp)  # (to index the native times)
-        self.prepared: dict = {}  # CapturePlan → its native session (tvm_probe.capture)
+        self.prepared: dict = {}  # CapturePlan → its native session (tvm_probe.capture.native_driver.NativePlan)
         #: hooked kernel calls a run makes: at the call sites, and of the helpers called a fixed number of times
         self.expected_calls = len(self.hooked_sites) + sum(
             n for symbol, n in getattr(kernel_map, "fixed_helpers", {}).items() if symbol in self.hooked)
@@ -171,7 +175,7 @@ def symbols_to_hook(kernel_map, plan, native: bool = False, every: bool = False)
     """The kernel symbols a run of ``plan`` must observe, or None when the run needs the
     instrument.  ``every``: all of them (every kernel call timed).  Python wrappers observe few
     kernels, and no VM builtins (a view, the KV cache's attention); native hooks
-    (:class:`tvm_probe.native.HookSwitch`) any number, builtins included.  (Check
+    (:class:`tvm_probe.capture.native.HookSwitch`) any number, builtins included.  (Check
     :func:`hookable` first.)"""
     if every or plan.outputs is None:
         if not native:
@@ -186,10 +190,11 @@ def symbols_to_hook(kernel_map, plan, native: bool = False, every: bool = False)
     return symbols if len(symbols) <= MAX_HOOKED_SYMBOLS else None
 
 
-class HookedRun:
-    """What one run through a :class:`HookedVM` copies: the outputs (and the untracked inputs)
-    of the call sites ``plan`` wants, the hooked kernels' calls counted as the kernel map numbers
-    them.  Used like the instrument's per-run state (``with run:``, ``finish()``)."""
+class HookedRun(Observer):
+    """What one run through a :class:`HookedVM` with Python wrappers copies: the outputs (and
+    the untracked inputs) of the call sites ``plan`` wants, the hooked kernels' calls counted as
+    the kernel map numbers them.  An :class:`~tvm_probe.capture.observer.Observer`: ``with run:``
+    points the VM's wrappers at :meth:`on_call`; :meth:`finish` checks the counts."""
 
     def __init__(self, vm: HookedVM, plan, capture, sink=None):
         self.vm, self.plan, self.capture = vm, plan, capture
@@ -206,6 +211,7 @@ class HookedRun:
         self.vm.observer = _ignore
 
     def on_call(self, symbol: str, args: tuple, before: bool) -> None:
+        """A hooked kernel's call, before and after it: count it, copy what the plan wants."""
         sites = self.sites_of[symbol]
         if before:
             occurrence = self.seen[symbol]
@@ -215,8 +221,6 @@ class HookedRun:
             site = sites[occurrence]
             self.running = site.index
             if site.index in self.plan.untracked_inputs:
-                from ..kernel_map import ArgKind
-
                 self.capture.untracked_inputs[site.index] = {
                     j: host_copy(args[j]) for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
             return
@@ -226,11 +230,6 @@ class HookedRun:
             site = sites[occurrence]
             self.store(site.index, [host_array(o) for o in args[site.num_inputs: site.num_inputs + site.num_outputs]])
 
-    def call(self, function, args: list):
-        """``function(*args)`` observed."""
-        with self:
-            return function(*args)
-
     def reraise(self) -> None:
         """(Nothing to raise: an observer's exception reaches the VM's caller as itself.)"""
 
@@ -238,8 +237,6 @@ class HookedRun:
         """The hooked kernels ran as often as the kernel map has call sites for them."""
         off = {s: n for s, n in self.seen.items() if n != len(self.sites_of[s])}
         if off:
-            from ..core.errors import TVMBehaviourChanged
-
             raise TVMBehaviourChanged(
                 "the VM called " + ", ".join(f"{s} {n} times (the kernel map has {len(self.sites_of[s])} call sites)"
                                              for s, n in off.items()) + ": please report this with the model")

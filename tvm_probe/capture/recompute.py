@@ -18,9 +18,10 @@ import numpy as np
 
 from ..core.device import device_for, on_host
 from ..core.errors import ProbeError, TVMBehaviourChanged, ValueUnavailableError, one_line
-from ..kernel_map import CallSite
 from ..core.native_log import native_log_to_logging
+from ..kernel_map import CallSite
 from ..kernel_map.relax_analysis import bindings_computing
+from .kernel_hook import registry_settled
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,6 @@ class Recomputer:
     def _load(self, executable):
         """A VM of the cuts' executable, on the target's local device."""
         from tvm import relax
-
-        from .kernel_hook import registry_settled
 
         with registry_settled():  # (this may run on the build thread while the run sets up hooks)
             return relax.VirtualMachine(executable, device_for(self._target))

@@ -11,7 +11,7 @@ a run.  :mod:`tvm_probe.capture` uses it when it can and says which instrument r
     session.begin(arena.ctypes.data); vm["main"](...); session.end()   # then .times, .stats
 
 A server process that loaded the library (``tvm-probe serve``) is driven the same way over TVM
-RPC by :mod:`tvm_probe.remote`: the session copies into an arena of its own and keeps untracked
+RPC by :mod:`tvm_probe.capture.remote`: the session copies into an arena of its own and keeps untracked
 inputs instead of calling back, and the client downloads times, stats and arena after the run.
 On a device other than the CPU a plan can sync the device around each kernel call
 (``encode_plan(..., sync_device=...)``), so kernel times are device times.
@@ -330,6 +330,14 @@ class HookSwitch:
         """``function(*args)`` with the hooks pointed at ``session``, begun with ``arena_address``
         and ``on_event`` (see :meth:`NativeSession.begin`) and ended after, in one native call."""
         return self._lib._hooked_call(self.id, session.id, arena_address, on_event, function, *args)
+
+    @property
+    def native_call(self):
+        """The native function :meth:`call` calls, taking ``(switch id, session id, arena address,
+        on_event, function, *args)``: for a caller that fixes its arguments once and calls it
+        run after run (:class:`~tvm_probe.capture.fast_call.FastCall`), where :meth:`call`'s own
+        frame would show."""
+        return self._lib._hooked_call
 
     def __del__(self):
         try:

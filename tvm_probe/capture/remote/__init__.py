@@ -13,7 +13,7 @@ On the host::
 How it works.  A Python instrument cannot cross TVM RPC (RPC has no calls from the server back
 to the client), but the Relax VM's ``set_instrument`` also takes the *name* of a global factory
 function, looked up in the VM's own process.  ``tvm-probe serve`` is a TVM RPC server whose
-sessions load tvm_probe's native instrument (:mod:`tvm_probe.native`), which registers that
+sessions load tvm_probe's native instrument (:mod:`tvm_probe.capture.native`), which registers that
 factory (``tvm_probe.capture.instrument``) and the functions a client drives a capture session
 with.  The probe then:
 
@@ -31,7 +31,7 @@ dies or the connection drops, the run fails in one line, nothing of it is kept (
 streamed is not left behind), and the next run reconnects.
 
 TVM's stock ``python -m tvm.exec.rpc_server --load-library <instrument .so>`` (the library
-``tvm_probe.native.library_path()`` names, built for the server's machine) serves the same
+``tvm_probe.capture.native.library_path()`` names, built for the server's machine) serves the same
 functions: the instrument needs only TVM's runtime on the device.
 
 Direct clients are served at the same time, each in a process of its own; with a tracker, TVM's
@@ -45,22 +45,11 @@ on the device by its own clock (device sync around each kernel on GPUs, see
 """
 from __future__ import annotations
 
+# (the client and server import TVM's RPC inside the functions that use it: importing them is light)
+from .client import Connection, RemoteLibrary, RemoteRecomputer, RemoteRuntime, RemoteSession, connect, run_main
+from .server import Server
 from .spec import FORMS, KEYS, RemoteError, RemoteSpec, parse_remote, remote_problems
 
 __all__ = ["FORMS", "KEYS", "RemoteError", "RemoteSpec", "parse_remote", "remote_problems", "connect",
-           "Connection", "RemoteRuntime", "RemoteRecomputer", "Server"]
-
-_CLIENT = ("connect", "Connection", "RemoteRuntime", "RemoteRecomputer", "RemoteSession", "RemoteLibrary",
-           "run_main")
-
-
-def __getattr__(name):  # the client and server import TVM's RPC: only when used
-    if name in _CLIENT:
-        from . import client
-
-        return getattr(client, name)
-    if name == "Server":
-        from .server import Server
-
-        return Server
-    raise AttributeError(f"module 'tvm_probe.remote' has no attribute {name!r}")
+           "Connection", "RemoteRuntime", "RemoteRecomputer", "RemoteSession", "RemoteLibrary", "run_main",
+           "Server"]

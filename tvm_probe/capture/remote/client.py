@@ -1,5 +1,5 @@
 """The probe's end of a remote device: connecting, uploading the executable, runs driven through
-the instrument by name, tensors brought back, recomputation there (see :mod:`tvm_probe.remote`)."""
+the instrument by name, tensors brought back, recomputation there (see :mod:`tvm_probe.capture.remote`)."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ...core.device import device_for, device_label
 from ...core.errors import ProbeError, one_line
-
+from ...core.native_log import native_log_to_logging
+from .. import native
 from ..recompute import Recomputer, _cut_name, wanted_arrays
 from .spec import RemoteError, RemoteSpec, parse_remote
 
@@ -62,8 +64,6 @@ class Connection:
 
     def upload(self, executable, name: str):
         """``executable`` (a built Relax executable) exported here, uploaded, loaded there."""
-        from ...core.native_log import native_log_to_logging
-
         with tempfile.TemporaryDirectory(prefix="tvm_probe_upload_") as tmp:
             path = Path(tmp) / name
             try:
@@ -81,8 +81,6 @@ class Connection:
     def device(self, target):
         """The remote device (index 0) that code built for ``target`` runs on; RemoteError
         when the server has none."""
-        from ...core.device import device_for, device_label
-
         local = device_for(target)
         try:
             remote = self.session.device(local.dlpack_device_type(), local.index)
@@ -137,7 +135,7 @@ def connect(remote) -> Connection:
 
 # ------------------------------------------------------------------------------------- capture
 class RemoteLibrary:
-    """The native instrument's functions on a server: what :class:`~tvm_probe.native.NativeLibrary`
+    """The native instrument's functions on a server: what :class:`~tvm_probe.capture.native.NativeLibrary`
     is in this process (``open`` gives sessions with the same interface)."""
 
     can_call_back = False  # no on_event callbacks: RPC cannot call the client
@@ -159,13 +157,11 @@ class RemoteLibrary:
 class RemoteSession:
     """A capture session in the server's process, driven over RPC.
 
-    Same interface as :class:`~tvm_probe.native.NativeSession`; what a run wrote is downloaded
+    Same interface as :class:`~tvm_probe.capture.native.NativeSession`; what a run wrote is downloaded
     by :meth:`end` (times, stats) and :meth:`arena` (the copied outputs), each in one transfer.
     """
 
     def __init__(self, connection: Connection, session_id: int):
-        from .. import native
-
         self._conn, self.id = connection, session_id
         self._factory = native.FACTORY
         self.times = np.full((2, 0), np.nan)
@@ -303,7 +299,7 @@ def run_main(vm, device_inputs, name: str = "main") -> object:
 class RemoteRecomputer(Recomputer):
     """Recomputes values kept inside fused kernels on the remote device, where they were computed.
 
-    The same cuts as :class:`~tvm_probe.recompute.Recomputer` (one executable holding every
+    The same cuts as :class:`~tvm_probe.capture.recompute.Recomputer` (one executable holding every
     cut, compiled here for the probe's target), uploaded once per connection and run there on
     the call site's captured inputs.
     """

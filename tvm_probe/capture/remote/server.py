@@ -1,5 +1,5 @@
 """``tvm-probe serve``: a TVM RPC server whose sessions load tvm_probe's native instrument
-(see :mod:`tvm_probe.remote`)."""
+(see :mod:`tvm_probe.capture.remote`)."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +8,8 @@ import signal
 import socket
 import threading
 
-
 from ...core.errors import ProbeError, one_line
-
+from .. import native
 from .client import _CONNECT_TIMEOUT_S
 from .spec import address
 
@@ -45,8 +44,6 @@ class Server:
 
     def __init__(self, host: str = "0.0.0.0", port: int = 9190, tracker: str | None = None, key: str = "",
                  custom_addr: str | None = None):
-        from .. import native
-
         try:
             native.load()
         except native.NativeUnavailable as err:

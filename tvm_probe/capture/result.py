@@ -1,0 +1,89 @@
+"""What one run produced: the :class:`Capture`, and the arena-backed outputs of a native run.
+
+Below every observer and the executor: observers fill a Capture, the prepared call makes one.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: :attr:`Capture.instrument` of a run through TVM's instrument: the native one or the Python one
+#: (a run through hooked kernels says :data:`tvm_probe.capture.kernel_hook.HOOK`).
+NATIVE, PYTHON = "native", "python"
+
+
+@dataclass
+class Capture:
+    """What one run produced: copied node outputs, per-node time, the model's outputs.
+
+    Attributes:
+        instrument: which instrument ran, ``"native"`` or ``"python"``.
+        copied_bytes: bytes of node outputs the native instrument copied during the run.
+        total_us: wall time of the executable's ``main`` (on a GPU, until the device finished; on
+            a remote device, as seen from here, RPC round trips included).
+        input_us, output_us: time to move each model input to the device and each model output
+            back (host memory copies on the CPU; transfers over the network to a remote device).
+    """
+
+    inputs: list[np.ndarray]
+    outputs: Mapping[int, list[np.ndarray]] = field(default_factory=dict)
+    untracked_inputs: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    start_us: dict[int, float] = field(default_factory=dict)
+    time_us: dict[int, float] = field(default_factory=dict)
+    result: list[np.ndarray] = field(default_factory=list)
+    total_us: float = 0.0
+    instrument: str = PYTHON
+    copied_bytes: int = 0
+    input_us: list[float] = field(default_factory=list)
+    output_us: list[float] = field(default_factory=list)
+    returned: object = None  # what the VM function returned (``DebugExecutor.run(..., raw=True)``)
+    #: native hooks' times not yet made into the dicts: (site indices, [starts, durations] array)
+    timing: tuple | None = None
+
+    def kernel_times(self) -> tuple[dict[int, float], dict[int, float]]:
+        """``(start_us, time_us)`` by call site (made from the hooks' times when first asked:
+        a small model's run cannot afford two dicts it may never need)."""
+        if self.timing is not None:
+            sites, table = self.timing
+            starts, durations = table.tolist()
+            self.start_us, self.time_us = dict(zip(sites, starts)), dict(zip(sites, durations))
+            self.timing = None
+        return self.start_us, self.time_us
+
+
+class ArenaOutputs(Mapping):
+    """Node outputs the native instrument copied: numpy views of one arena, made when read.
+
+    Making ~100 small arrays costs more than a sub-millisecond run, so a view is made the first
+    time a site is read.  Each view keeps the arena alive, and an arena is reused only when
+    nothing (no ArenaOutputs, no view) refers to it any more.
+
+    Args:
+        arena: the bytes.
+        slots: site → its outputs' :class:`~tvm_probe.capture.native.Slot` in the arena, for every
+            site copied in this run (in site order).
+        dtypes: dtype name → numpy dtype.
+    """
+
+    def __init__(self, arena: np.ndarray, slots: dict[int, tuple], dtypes: dict):
+        self._arena, self._slots, self._dtypes = arena, slots, dtypes
+        self._views: dict[int, list[np.ndarray]] = {}
+
+    def __getitem__(self, site: int) -> list[np.ndarray]:
+        views = self._views.get(site)
+        if views is None:
+            views = self._views[site] = [
+                self._arena[s.offset: s.offset + s.nbytes].view(self._dtypes[s.dtype]).reshape(s.shape)
+                for s in self._slots[site]]  # KeyError for a site not copied
+        return views
+
+    def __contains__(self, site) -> bool:
+        return site in self._slots
+
+    def __iter__(self):
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
