@@ -14,8 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from support.tvm_bugs import BUGS
 from tvm_probe import InputError
-from tvm_probe.tools.reduce import (FILES, Checker, CompileFailure, ReduceError, Search, SubModels, TVMBuild,
-                              _onnxruntime, _search, reduce)
+from tvm_probe.tools.reduce import FILES, Checker, CompileFailure, ReduceError, Search, SubModels, TVMBuild, reduce
+from tvm_probe.tools.reduce.check import onnxruntime_reference as _onnxruntime
+from tvm_probe.tools.reduce.search import run_search as _search
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 from tvm_probe.core.tolerance import describe_defaults
 
