@@ -2,7 +2,7 @@
 
 A tiny seeded Llama, wrapped as the functional decode step users export
 (``forward(input_ids, position_ids, k0, v0, k1, v1) -> (logits, k0', v0', k1', v1')``,
-:class:`tvm_probe.hf.CacheStep`), exported with the past length dynamic:
+:class:`tvm_probe.importer.hf.CacheStep`), exported with the past length dynamic:
 
 * legacy exporter (``dynamic_axes``): imports with the past length symbolic (the import fix
   ``unsqueeze_shape_value`` on ``cache_position``), one executable for every past length, every
@@ -117,10 +117,10 @@ def _export(tmp_path_factory, dynamo: bool):
     pytest.importorskip("transformers")
     from support.hf_models import hf_decoder
 
-    from tvm_probe.llm.hf import _example_decode, cache_shape, make_cache_step
+    from tvm_probe.importer.hf import cache_shape, example_decode, make_cache_step
 
     step = make_cache_step(hf_decoder("llama"))
-    args = _example_decode(cache_shape(step), 1, past=3)
+    args = example_decode(cache_shape(step), 1, past=3)
     path = tmp_path_factory.mktemp("dynamic_past") / f"llama_{'dynamo' if dynamo else 'legacy'}.onnx"
     outputs = ["logits", *[f"present_{n}" for n in CACHE]]
     with warnings.catch_warnings():

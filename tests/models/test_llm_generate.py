@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from tvm_probe import InputError, ModelError, Probe  # noqa: E402
 from tvm_probe.probe.calls import CallArguments  # noqa: E402
 from tvm_probe.comparison.verdict import compare  # noqa: E402
-from tvm_probe.llm.hf import compare_generation, reference_generate  # noqa: E402
+from tvm_probe.llm import compare_generation, reference_generate  # noqa: E402
 
 from support import SUPPORT  # noqa: E402
 from support.hf_models import decoder_ids, hf_decoder  # noqa: E402
@@ -137,7 +137,7 @@ def test_a_decode_loop_fed_numpy_takes_the_prepared_call_and_equals_eager(llama_
 def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch):
     """The decode function is built with one weight scaled (prefill is not): step 0 passes, step 1
     is the first divergent call, at that projection; the tokens may or may not change."""
-    import tvm_probe.llm.hf as hf
+    import tvm_probe.importer.hf as hf  # where Probe.from_hf imports decode from
 
     model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
     projection = model.model.layers[1].mlp.down_proj

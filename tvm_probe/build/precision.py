@@ -5,7 +5,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..core.errors import NameLookupError, TVMBehaviourChanged, TVMCompileError, one_line
+from ..core.names import NameIndex
 from ..core.precision import PrecisionError, PrecisionSpec, parse_precision
+from ..core.sources import Kind
 
 _PREFIX = "tp"  # unique binding names: tp<index>_<old name>; TVM's fresh names are lv<N>/gv<N>
 
@@ -20,12 +22,9 @@ class Lowered:
     dropped: dict[str, str] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
 
-    def attach(self, probe) -> None:
-        """Make ``probe`` (built from the lowered model) say why a dropped value is unknown, and
-        check that every kept op is float32 in its built module."""
-        probe.precision = self
-        for key, why in self.dropped.items():
-            probe.kernel_map.lost[key] = why
+    def check(self, probe) -> None:
+        """Raise unless every kept op is float32 in the build of ``probe`` (made from the lowered
+        model; it takes this record with ``precision=``)."""
         problems = check_kept(probe, self.kept_keys)
         if problems:
             raise TVMBehaviourChanged("keep_fp32 did not keep these ops in float32: " + "; ".join(problems))
@@ -75,9 +74,6 @@ def lower_precision(imported, precision):
 def resolve_names(sources, names: Sequence[str]) -> tuple[str, ...]:
     """Source keys of the run-time values ``names`` name (any name a value answers to, or a glob);
     every output of a named multi-output op.  Raises PrecisionError for a name that names none."""
-    from ..core.names import NameIndex
-    from ..core.sources import Kind
-
     index = NameIndex(sources)
     keys: list[str] = []
     for name in names:
@@ -193,20 +189,10 @@ def _is_float_var(expr) -> bool:
 
 def check_kept(probe, kept_keys) -> list[str]:
     """Problems with the built module's dtypes: each kept value must be computed in float32 by the
-    compiled kernels (read from the kernel map of the built module); [] when all are."""
-    from ..kernel_map import PlaceKind
-
+    compiled kernels (``probe.built_dtype``, read from the kernel map of the built module); [] when all are."""
     problems = []
     for key in kept_keys:
-        place = probe.kernel_map.places.get(key)
-        if place is None:
-            continue
-        if place.kind is PlaceKind.OUTPUT:
-            dtype = probe.kernel_map.sites[place.site].out_dtypes[place.output]
-        elif place.kind is PlaceKind.INTERIOR:
-            dtype = str(getattr(place.inner.ty, "dtype", ""))
-        else:
-            continue
+        dtype = probe.built_dtype(key) or ""
         if dtype not in ("float32", "float64") and dtype.startswith("float"):
             problems.append(f"{probe.imported.sources[key].display_name} is {dtype} in the built module")
     return problems

@@ -1,12 +1,19 @@
-"""Import stage: source model → Relax module whose runtime values carry source names."""
+"""Import stage: source model → Relax module whose runtime values carry source names.
+
+One adapter per model kind (:mod:`.kinds`) says how each kind is loaded, imported, recorded and
+shown; :func:`import_model` is the one dispatch from a kind to its importer.
+"""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
 from ..core.schema import ModelKind
+from .adapter import ImportedFunctions, ModelAdapter
+from .kinds import adapter_for, adapter_of
 from .model import ImportedModel, InputSpec
 
-__all__ = ["ImportedModel", "InputSpec", "import_model"]
+__all__ = ["ImportedFunctions", "ImportedModel", "InputSpec", "ModelAdapter", "adapter_for", "adapter_of",
+           "import_model"]
 
 
 def import_model(kind: ModelKind | str, model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -16,16 +23,4 @@ def import_model(kind: ModelKind | str, model: Any, shapes: Mapping[str, Sequenc
     ``model`` is what that importer takes: an ``onnx.ModelProto`` or path (``onnx``, ``demo``), a
     ``.tflite`` path or bytes, or ``(torch module, example inputs)``.
     """
-    kind = ModelKind(kind)
-    shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-    if kind is ModelKind.TORCH:
-        from .torch import import_torch
-
-        return import_torch(*model, import_fixes=import_fixes)
-    if kind is ModelKind.TFLITE:
-        from .tflite import import_tflite
-
-        return import_tflite(model, shapes)
-    from .onnx import import_onnx
-
-    return import_onnx(model, shapes, import_fixes=import_fixes)
+    return adapter_for(kind).import_model(model, shapes, import_fixes)

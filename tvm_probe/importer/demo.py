@@ -35,6 +35,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .adapter import ModelAdapter, SourceGraph, static_shapes
+from .model import ImportedModel
+from .onnx import import_onnx
+
 __all__ = ["PRESETS", "SIZES", "bert_base", "build", "demo_inputs", "tiny_bert"]
 
 OPSET = 17
@@ -301,3 +305,34 @@ def demo_inputs(model: onnx.ModelProto, seed=0) -> dict[str, np.ndarray]:
     vocab = _vocab_size(model)
     ids = rng.integers(min(1, vocab - 1), vocab, size=(batch, seq_len), dtype=np.int64)
     return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+class DemoAdapter(ModelAdapter):
+    """The built-in demo: an ONNX BERT built in code from a preset and sizes (``model: {demo: {...}}``)."""
+
+    kind, described, reference, config, graph = "demo", "an ONNX model", "onnxruntime", "sizes", "onnx"
+
+    def load(self, source, shapes=None) -> onnx.ModelProto:
+        sizes = dict(source or {})
+        merged = {**PRESETS[sizes.pop("preset", "tiny")], **sizes}
+        if "hidden" in sizes and "intermediate" not in sizes:
+            merged["intermediate"] = None  # follow the new hidden size (4x), not the preset's
+        return build(merged)
+
+    def record(self, source, shapes=None) -> dict:
+        return {self.kind: dict(source or {})}
+
+    def from_record(self, record):
+        return dict(record[self.kind] or {}), {}
+
+    def source_graph(self, source, shapes=None) -> SourceGraph:
+        return SourceGraph("onnx", self.load(source))
+
+    def owns(self, model) -> bool:
+        return isinstance(model, onnx.ModelProto) and any(p.key.startswith(_META_PREFIX) for p in model.metadata_props)
+
+    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes)
+
+    def default_inputs(self, model, inputs):
+        return demo_inputs(model)

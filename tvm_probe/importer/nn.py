@@ -14,11 +14,13 @@ Everything else is :mod:`.relax`'s: one :class:`~.relax.FunctionModel` per expor
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from ..core.errors import ModelError, one_line
+from .adapter import ImportedFunctions, ModelAdapter
 from .relax import FunctionModel, import_relax, public_functions, with_module_paths
 
 
@@ -141,3 +143,18 @@ def _last_per_function(calls: list, model: FunctionModel) -> dict[str, Any]:
         if var in model.var_keys:
             last[path] = var
     return last
+
+
+class NNAdapter(ModelAdapter):
+    """``tvm.relax.frontend.nn`` modules, exported with ``export_tvm``: values by module path."""
+
+    kind, described, functions = "nn", "a tvm.relax.frontend.nn module", True
+
+    def owns(self, model) -> bool:
+        nn = sys.modules.get("tvm.relax.frontend.nn")
+        return nn is not None and isinstance(model, nn.Module)
+
+    def import_functions(self, model, spec=None, params: Mapping[str, Any] | None = None) -> ImportedFunctions:
+        """Every function ``export_tvm(spec=spec)`` makes of the module ``model`` (see :func:`import_nn`)."""
+        mod, models = import_nn(model, spec, params)
+        return ImportedFunctions(mod=mod, models=models)

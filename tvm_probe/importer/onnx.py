@@ -18,12 +18,14 @@ import hashlib
 import io
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..core.sources import Kind, SourceMap, SourceValue
+from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
 from .module_paths import module_outputs
@@ -564,3 +566,29 @@ def _name_scopes(node) -> dict[str, str]:
         return {}
     # the last entry names the fx node the ONNX node came from, not a module
     return {s: s for s in scopes[:-1]} if isinstance(scopes, list) else {}
+
+
+class OnnxAdapter(ModelAdapter):
+    """ONNX models: a ``.onnx`` path or an ``onnx.ModelProto`` (see :mod:`tvm_probe.importer.kinds`)."""
+
+    kind, described, reference, config, shapes, graph = "onnx", "an ONNX model", "onnxruntime", "file", True, "onnx"
+
+    def load(self, source, shapes=None):
+        return load_onnx(source)
+
+    def record(self, source, shapes=None) -> dict:
+        return file_record(self.kind, source, shapes)
+
+    def from_record(self, record):
+        return file_from_record(self.kind, record)
+
+    def source_graph(self, source, shapes=None) -> SourceGraph:
+        return SourceGraph("onnx", source if not isinstance(source, (str, os.PathLike)) else Path(source))
+
+    def owns(self, model) -> bool:
+        onnx = sys.modules.get("onnx")  # an onnx.ModelProto exists only once onnx is imported
+        return (isinstance(model, (str, os.PathLike)) and str(model).endswith(".onnx")) or \
+            (onnx is not None and isinstance(model, onnx.ModelProto))
+
+    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes)

@@ -23,13 +23,16 @@ serve their elements by name from the call's arguments (:attr:`FunctionModel.par
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 from ..core.errors import ModelError
-from ..core.sources import Kind, SourceMap, SourceValue
+from ..core.sources import Kind, Served, Serving, SourceMap, SourceValue
+from .adapter import ImportedFunctions, ModelAdapter
+from .kv_cache import opaque_notes
 from .model import ImportedModel, InputSpec
 from .relax_values import tensor_info
 
@@ -121,8 +124,6 @@ def import_relax(mod, params: Mapping[str, Any] | None = None, function: str = "
         model_hash: what dumps record; by default the sha256 of the module's text.
     """
     from tvm import relax
-
-    from .kv_cache import opaque_notes
 
     if function not in [gv.name_hint for gv in mod.functions]:
         raise ModelError(f"the module has no function {function!r}: it has {', '.join(public_functions(mod))}")
@@ -311,19 +312,6 @@ def check_params(mod, functions: list[str], params: Mapping[str, Any] | None) ->
                          f"parameters are {', '.join(sorted(known)[:8])}{'...' if len(known) > 8 else ''}")
 
 
-def function_built(built, function: str):
-    """``built`` (the whole executable) as the map stage sees ``function``: view snapshots."""
-    from ..build.compile import Snapshots
-
-    s = built.snapshots
-    views = Snapshots(pre_fold=function_view(s.pre_fold, function), pre_fusion=function_view(s.pre_fusion, function),
-                      post_fusion=function_view(s.post_fusion, function),
-                      call_graph=function_view(s.call_graph, function), final=final_view(s.final, function),
-                      passes=s.passes)
-    views.whole_final = s.final  # every function's kernels (a VM made by hand must resolve them all)
-    return replace(built, snapshots=views)
-
-
 def hold_on_device(models: Mapping[str, FunctionModel], device) -> None:
     """The weights each model holds, copied to ``device`` once (shared by all functions)."""
     import tvm
@@ -346,8 +334,6 @@ def place_arguments(model: FunctionModel, kmap, servings) -> None:
     """After ``classify``, in its table ``servings``: inputs are read from the call's arguments
     by parameter position (a function's arguments include objects, which are no source values),
     and the named elements of a tuple of weights from that tuple."""
-    from ..core.sources import Served, Serving
-
     position = {keys[0]: i for i, p in enumerate(model.mod["main"].params)
                 for keys in [model.var_keys.get(p)] if keys}
     for value in model.sources:
@@ -356,3 +342,19 @@ def place_arguments(model: FunctionModel, kmap, servings) -> None:
     for key, item in model.param_items.items():
         servings[key] = Serving(Served.INPUT, item.param)
         kmap.lost.pop(key, None)
+
+
+class RelaxAdapter(ModelAdapter):
+    """Relax IRModules (one function or several), as built or imported: every binding by its name."""
+
+    kind, described, functions = "relax", "a Relax IRModule", True
+
+    def owns(self, model) -> bool:
+        tvm = sys.modules.get("tvm")
+        return tvm is not None and isinstance(model, tvm.IRModule)
+
+    def import_functions(self, model, params: Mapping[str, Any] | None = None) -> ImportedFunctions:
+        """Every public function of the module ``model``; ``params``: weights the probe holds."""
+        names = public_functions(model)
+        check_params(model, names, params)
+        return ImportedFunctions(mod=model, models={f: import_relax(model, params, f) for f in names})

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..core.errors import ModelError, ProbeError, UnsupportedOpError, one_line
 from ..core.sources import Kind, SourceMap, SourceValue
+from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .model import ImportedModel, InputSpec, LazyArrays
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 
@@ -495,3 +496,28 @@ def _with_index_bounds(parsed: TFLiteModel, converter, keys: list[str], inputs: 
             # TFLite's GATHER takes no negative ids (the interpreter stops on them)
             by_key[spec.name] = replace(spec, index_bound=size, indexes=keys[table], negative_ids=False)
     return [by_key[s.name] for s in inputs]
+
+
+class TFLiteAdapter(ModelAdapter):
+    """TFLite models: a ``.tflite`` path, its bytes or a :func:`load_tflite` result."""
+
+    kind, described, reference, config, shapes, graph = "tflite", "a TFLite model", "tflite", "file", True, "tflite"
+
+    def load(self, source, shapes=None):
+        return load_tflite(source)
+
+    def record(self, source, shapes=None) -> dict:
+        return file_record(self.kind, source, shapes)
+
+    def from_record(self, record):
+        return file_from_record(self.kind, record)
+
+    def source_graph(self, source, shapes=None) -> SourceGraph:
+        return SourceGraph("tflite", Path(source))
+
+    def owns(self, model) -> bool:
+        return isinstance(model, (TFLiteModel, bytes, bytearray)) or \
+            (isinstance(model, (str, os.PathLike)) and str(model).endswith(".tflite"))
+
+    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+        return import_tflite(model, static_shapes(shapes))

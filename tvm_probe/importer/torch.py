@@ -36,6 +36,7 @@ from ..core.errors import ModelError, ProbeError, TVMBehaviourChanged, TVMImport
 from ..core.sources import Kind, SourceMap, SourceValue
 from .fixes import (BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite,
                     off_hint)
+from .adapter import ModelAdapter, SourceGraph, load_factory
 from .model import ImportedModel, InputSpec
 from .module_paths import module_outputs, module_path, unrecorded_modules
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
@@ -743,3 +744,37 @@ def _in_torch(path: str) -> bool:
         return True
     parts = PurePath(path).parts
     return any(p in ("site-packages", "dist-packages") for p in parts) and "torch" in parts
+
+
+class TorchAdapter(ModelAdapter):
+    """PyTorch modules: ``(module, example_inputs)``; in a config, a factory returning them."""
+
+    kind, described, reference, config, graph = "torch", "a PyTorch model", "torch", "factory", "torch"
+
+    def load(self, source, shapes=None):
+        result = load_factory(source, self.kind)()
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ModelError(f"model.torch: {source!r} must return (module, example_inputs), "
+                             f"got {type(result).__name__}")
+        return result
+
+    def record(self, source, shapes=None) -> dict:
+        return {self.kind: source}
+
+    def from_record(self, record):
+        return record[self.kind], {}
+
+    def source_graph(self, source, shapes=None) -> SourceGraph:
+        return SourceGraph("torch", self.load(source))
+
+    def owns(self, model) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(model, tuple) and len(model) == 2 \
+            and isinstance(model[0], torch.nn.Module)
+
+    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+        return import_torch(*model, import_fixes=import_fixes)
+
+    def default_inputs(self, model, inputs):
+        """The factory's example inputs, in input order."""
+        return {spec.name: np.asarray(t.detach().cpu().numpy()) for spec, t in zip(inputs, model[1])}

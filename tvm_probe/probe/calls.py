@@ -11,7 +11,10 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from ..core.errors import InputError, ProbeError
+from ..comparison.verdict import judge
+from ..core.errors import InputError, NotRunError, ProbeError
+from ..core.inputs import check_input, fast_check
+from ..core.sources import Kind
 
 
 @dataclass
@@ -37,6 +40,63 @@ class CallRecord:
     captured_bytes: int
     values: dict = field(default_factory=dict)
     kv: dict = field(default_factory=dict)  # KV cache contents after the call, by name
+
+
+class CallLog:
+    """Every call of an executable's functions, numbered from 0 in call order (a probe's ``call``
+    adds one record per call; forgotten ones keep their number)."""
+
+    def __init__(self):
+        self.records: list[CallRecord] = []
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def copy(self) -> "CallLog":
+        log = CallLog()
+        log.records = list(self.records)
+        return log
+
+    @property
+    def last(self) -> CallRecord | None:
+        return self.records[-1] if self.records else None
+
+    def add(self, function: str, result, wanted) -> CallRecord:
+        """The record of the next call: ``result`` is its capture."""
+        record = CallRecord(index=len(self.records), function=function, capture=result, wanted=wanted,
+                            time_us=result.total_us, captured_bytes=captured_bytes(result))
+        self.records.append(record)
+        return record
+
+    def at(self, call: int | None = None) -> CallRecord:
+        """Call ``call`` (default: the last one), or a one-line error."""
+        records = self.records
+        if not records:
+            raise NotRunError("no function has been called yet: use probe.call(function, *args)")
+        if call is None:
+            return records[-1]
+        if not isinstance(call, (int, np.integer)) or not -len(records) <= call < len(records):
+            raise ProbeError(f"there is no call {call!r}: calls are numbered 0..{len(records) - 1}")
+        record = records[call]
+        if record.capture is None:
+            raise NotRunError(f"call {record.index} ({record.function}) was forgotten (forget_calls): "
+                              "only later calls can be read")
+        return record
+
+    def forget(self, keep_last: int = 0) -> None:
+        """Drop the captures of all calls but the last ``keep_last``."""
+        if keep_last < 0:
+            raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
+        for record in self.records[:len(self.records) - keep_last]:
+            record.capture, record.values, record.kv, record.wanted = None, {}, {}, set()
+
+    def frame(self):
+        """DataFrame: one row per call — call, function, time_us, captured_bytes."""
+        import pandas as pd
+
+        return pd.DataFrame([{"call": r.index, "function": r.function, "time_us": r.time_us,
+                              "captured_bytes": r.captured_bytes} for r in self.records],
+                            columns=["call", "function", "time_us", "captured_bytes"])
 
 
 def captured_bytes(capture) -> int:
@@ -65,8 +125,6 @@ class CallArguments:
         self.model, self.function = model, function
         self.free = [i for i in range(len(model.params)) if i not in model.held]
         self.template = [model.held.get(i) for i in range(len(model.params))]
-        from ..core.inputs import fast_check
-
         self._checks = [fast_check(model.params[i][1]) for i in self.free]
 
     def as_passed(self, args: tuple) -> list | None:
@@ -98,8 +156,6 @@ class CallArguments:
         for i, value, check in zip(free, args, self._checks):
             if isinstance(value, np.ndarray):
                 if not (check is not None and check(value, True)):
-                    from ..core.inputs import check_input
-
                     value = check_input(self.model.params[i][1], value, allow_nonfinite=True)
                 self.arrays_at.append(i)
             full[i] = value
@@ -168,9 +224,6 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     reference name that names nothing there is an error (a typo must not pass as "nothing to
     check").  Only the values the reference has are compared.
     """
-    from ..comparison.verdict import judge
-    from ..core.sources import Kind
-
     name_map = dict(name_map or {})
     with probe.in_call(call) as function_probe:
         # several reference names may name one value (a module and its last child): each is

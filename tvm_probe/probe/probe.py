@@ -13,31 +13,37 @@ from typing import Mapping, Sequence, Union
 
 import numpy as np
 
-from ..build.compile import BuiltModel, PipelineLike
-from ..diagnose import compile_with_snapshots
+from ..build.compile import BuiltModel
 from ..capture.executor import Capture, CapturePlanner, DebugExecutor
-from ..core.errors import NotCapturedError, NotRunError, ProbeError
+from ..core.device import device_label
+from ..core.errors import NotRunError, ProbeError
 from ..core.inputs import InputChecker
-from ..importer import ImportedModel, InputSpec
-from ..kernel_map import ArgKind, KernelMap, PlaceKind, build_kernel_map, classify
-from ..capture.recompute import evaluate_folded
-from .calls import CallArguments, CallRecord, as_numpy, captured_bytes
-from ..core.results import NodeInfo, Results, not_computed
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
-from ..core.sources import Served
+from ..core.results import NodeInfo, Results
 from ..core.viewable import Viewable
+from ..importer import ImportedModel, InputSpec
+from ..importer.relax import place_arguments
+from ..kernel_map import KernelMap, PlaceKind, classify
+from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
+from .calls import CallArguments, CallLog, CallRecord, compare_call
+from .construct import Constructors
+from .functions import KVCaches
+from .generate import generate
+from .nodes import show_run, static_nodes
+from .serving import ValueServer, join_build
+from .verify import verify
 
 log = logging.getLogger(__name__)
 
 CaptureSpec = Union[str, Sequence[str], None]
 
 
-class Probe(Results, Viewable):
+class Probe(Constructors, Results, Viewable):
     """A compiled model whose every intermediate value can be read by its source name.
 
-    Build one with :meth:`from_onnx`; call :meth:`run` once per input; then :meth:`get`,
-    :meth:`get_all`, :meth:`get_node_output`, :attr:`sources`, :attr:`nodes`, :meth:`dump`.
-    The executable that runs is exactly what ``tvm.compile(mod, target, pipeline)`` builds.
+    Build one with :meth:`from_onnx` (or another ``from_*``: :mod:`.construct`); call :meth:`run`
+    once per input; then :meth:`get`, :meth:`get_all`, :meth:`get_node_output`, :attr:`sources`,
+    :attr:`nodes`, :meth:`dump`.  The executable that runs is exactly what
+    ``tvm.compile(mod, target, pipeline)`` builds.
 
     ``remote=`` runs it on a remote device over TVM RPC (see :mod:`tvm_probe.remote`): the
     executable is uploaded once, every run brings its captures back, and everything else
@@ -46,8 +52,14 @@ class Probe(Results, Viewable):
 
     #: How the module was converted to reduced precision (a :class:`tvm_probe.precision.Lowered`), or None.
     precision = None
+    #: For a probe made by :meth:`from_hf`: its model, cache layout and generations
+    #: (:class:`tvm_probe.importer.hf.HFModel`); None otherwise.
+    hf = None
 
-    def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None):
+    def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None,
+                 precision=None):
+        """``precision``: the :class:`~tvm_probe.precision.Lowered` record of a model lowered before
+        ``built`` was compiled (what :meth:`from_imported` makes with ``precision=``)."""
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
         self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote,
                                        function=getattr(imported, "function", "main"))
@@ -60,204 +72,45 @@ class Probe(Results, Viewable):
         # so several probes (pipelines, targets) can share one import
         servings = classify(imported.sources, kernel_map, self.num_input_nodes)
         if hasattr(imported, "param_items"):  # a function of a Relax module: arguments by position
-            from ..importer.relax import place_arguments
-
             place_arguments(imported, kernel_map, servings)
+        self._server = ValueServer(imported, built, kernel_map, servings, self._recomputer)
         self._functions: dict[str, "Probe"] = {self.function: self}
-        self._calls: list[CallRecord] = []
+        self._calls = CallLog()
         self._serve_run = True  # get() without call=: the last run() (else the last call())
-        self._init_results(imported.sources, servings, self._static_nodes())
+        self._init_results(imported.sources, servings, static_nodes(imported.inputs, imported.sources,
+                                                                    kernel_map.sites))
         self._planner = CapturePlanner(kernel_map, self._names)
         self._check_inputs = InputChecker(imported.inputs)
         self._arguments: CallArguments | None = None  # call(): made at the first call
         self._fast_calls: dict[tuple, tuple] = {}  # call(function, capture, kernel_times) → (probe, plan, wanted)
         self._call_plans: dict = {}  # call(): capture selection → _call_plan()
+        self._kv: KVCaches | None = None  # call(): the paged KV caches of this function, found at the first call
         self._timed_by: Capture | None = None  # the capture whose times (and sizes) the nodes show
         self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
+        if precision is not None:
+            self.precision = precision
+            kernel_map.lost.update(precision.dropped)  # why a value the pass dropped is unknown
+            precision.check(self)
 
-    # -- construction -------------------------------------------------------------------------
-    @classmethod
-    def from_onnx(cls, model, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
-                  shapes: Mapping[str, Sequence[int]] | None = None, import_fixes: bool = True,
-                  remote=None, precision=None) -> "Probe":
-        """Import an ONNX model (path or ``onnx.ModelProto``) and compile it for ``target``.
-
-        Args:
-            model: a ``.onnx`` path or an ``onnx.ModelProto``.
-            target: a TVM target: a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
-                options (``{"kind": "cuda", "arch": "sm_90"}``), or a ``tvm.target.Target``.
-            pipeline: ``"default"`` (what ``tvm.compile`` uses; unfused on CPU), ``"fused"``
-                (``relax.get_default_pipeline(target)``) or any ``tvm.transform.Pass``.
-            shapes: static shapes for inputs declared with symbolic dimensions (the shape
-                arithmetic they fix is folded before TVM sees the model; see importer/static.py).
-            import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
-                :attr:`import_fixes` lists those used.  Defaults to True.
-            remote: run on a remote device over TVM RPC: ``{"host": H, "port": P}`` or
-                ``{"tracker": "H:P", "key": K}`` of a ``tvm-probe serve`` (see
-                :mod:`tvm_probe.remote`).  Defaults to None (this machine).
-            precision: build in reduced precision: ``"fp16"``, ``{"dtype": "fp16", "keep_fp32":
-                [source names]}`` or a ``tvm.transform.Pass`` (see :mod:`tvm_probe.precision`);
-                the same source names are served from that build.  Defaults to None (as imported).
-        """
-        from ..importer.onnx import import_onnx
-
-        shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-        return cls.from_imported(import_onnx(model, shapes, import_fixes=import_fixes), target, pipeline, remote,
-                                 precision)
-
-    @classmethod
-    def from_torch(cls, module, example_inputs, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
-                   import_fixes: bool = True, remote=None, precision=None) -> "Probe":
-        """Export a ``torch.nn.Module`` with ``torch.export`` and compile it for ``target``.
-
-        Values answer to their fx node names (``bmm_3``) and module paths
-        (``bert.encoder.layer.0.attention``: the module's output).  Needs ``tvm_probe[torch]``.
-
-        Args:
-            module: the model (put it in ``eval()`` mode first for inference behaviour).
-            example_inputs: a tuple of tensors (the shapes are compiled statically).
-            target, pipeline, import_fixes, remote, precision: as for :meth:`from_onnx`.
-        """
-        from ..importer.torch import import_torch
-
-        return cls.from_imported(import_torch(module, example_inputs, import_fixes=import_fixes), target, pipeline,
-                                 remote, precision)
-
-    @classmethod
-    def from_tflite(cls, model, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
-                    shapes: Mapping[str, Sequence[int]] | None = None, remote=None, precision=None) -> "Probe":
-        """Import a TFLite model (path or bytes) and compile it for ``target``.
-
-        Values answer to their TFLite tensor names, which are TensorFlow's op names
-        (``layer_._0/attention/self/MatMul``); a name the converter merged (``a;b``) answers to
-        each part too.  Needs ``tvm_probe[tflite]``.
-
-        Args:
-            model: a ``.tflite`` path or the file's bytes.
-            target, pipeline, remote, precision: as for :meth:`from_onnx`.
-            shapes: static shapes for inputs, overriding those the model declares.
-        """
-        from ..importer.tflite import import_tflite
-
-        shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
-        return cls.from_imported(import_tflite(model, shapes), target, pipeline, remote, precision)
-
-    @classmethod
-    def from_relax(cls, mod, params: Mapping[str, object] | None = None, target=DEFAULT_TARGET,
-                   pipeline: PipelineLike = DEFAULT_PIPELINE) -> "Probe":
-        """Compile a Relax IRModule (one function or several) for ``target``.
-
-        Every tensor binding of every function answers to its binding name (``matmul3``),
-        parameters to theirs.  Run a function with :meth:`call` (``run`` for a module whose only
-        function is ``main``).
-
-        Args:
-            mod: a ``tvm.IRModule`` with Relax functions (as built or imported: the pipeline
-                has not run on it).
-            params: ``{parameter name: array}``: weights the probe passes at every call, so
-                callers pass only the other arguments.  The module is compiled as it is (the
-                weights are not bound into it), so what runs is what you deploy.
-            target, pipeline: as for :meth:`from_onnx`.
-        """
-        from ..importer.relax import check_params, import_relax, public_functions
-
-        names = public_functions(mod)
-        check_params(mod, names, params)
-        models = {f: import_relax(mod, params, f) for f in names}
-        return cls._from_functions(mod, models, target, pipeline)
-
-    @classmethod
-    def from_nn(cls, module, spec, params: Mapping[str, object] | None = None, target=DEFAULT_TARGET,
-                pipeline: PipelineLike = DEFAULT_PIPELINE) -> "Probe":
-        """Export a ``tvm.relax.frontend.nn.Module`` with ``export_tvm`` and compile it.
-
-        Values answer to module paths (``model.layers.0.self_attn``: the module's output, as
-        ``export_tvm`` traced it), parameters to their dotted names
-        (``model.layers.0.mlp.down_proj.weight``), and every binding to its name.
-
-        Args:
-            module: the nn.Module.
-            spec: what ``export_tvm`` takes (a ``ModuleSpec`` or its dict form), with
-                ``param_mode`` ``"plain"`` or ``"packed"``.
-            params: ``{dotted name: array}``: the weights, passed by the probe at every call (then
-                callers pass only the inputs).  Without them, pass the weights as the compiled
-                function takes them (plain: one argument each; packed: one list of tensors).
-            target, pipeline: as for :meth:`from_onnx`.
-        """
-        from ..importer.nn import import_nn
-
-        mod, models = import_nn(module, spec, params)
-        return cls._from_functions(mod, models, target, pipeline)
-
-    @classmethod
-    def from_hf(cls, model, pipeline: PipelineLike = DEFAULT_PIPELINE, target=DEFAULT_TARGET, max_len: int = 64,
-                import_fixes: bool = True) -> "Probe":
-        """A transformers ``*ForCausalLM`` with an explicit KV cache: functions ``prefill`` and
-        ``decode`` of one executable (symbolic prompt and past lengths); :meth:`generate` drives
-        them.  Values answer to the wrapper's module paths (``model.model.layers.0.self_attn``,
-        ``model.lm_head``), fx node names and parameter names.  See :mod:`tvm_probe.hf`.
-
-        Args:
-            model: the causal LM (its weights as they are; put in eval mode).
-            pipeline, target, import_fixes: as for :meth:`from_torch`.
-            max_len: the longest prompt + generated length :meth:`generate` accepts.
-        """
-        from ..llm.hf import from_hf
-
-        return from_hf(cls, model, pipeline, target, max_len, import_fixes)
+    # -- construction (the constructors are construct.py's) --------------------------------------
+    @staticmethod
+    def serving_functions(probes: Mapping[str, "Probe"], hf=None) -> "Probe":
+        """The first of ``probes`` (one per function of one build, by name) made to serve them
+        all: every function runs in its VM, :meth:`call` reaches each by name; ``hf``: what
+        :meth:`generate` needs of a transformers causal LM (:meth:`from_hf`)."""
+        first, *rest = probes.values()
+        for probe in rest:
+            probe._executor.share_vm(first._executor)
+        first._functions = dict(probes)
+        if hf is not None:
+            first.hf = hf
+        return first
 
     def generate(self, input_ids, steps: int, capture: CaptureSpec = "all") -> list[int]:
         """``steps`` new token ids, greedy, from the compiled executable (call 0: the prefill,
         calls 1..steps-1: decode steps; read values with ``get(name, call=k)``).  Only for a
         probe made by :meth:`from_hf`; :func:`tvm_probe.hf.compare_generation` checks it."""
-        from ..llm.hf import generate
-
         return generate(self, input_ids, steps, capture)
-
-    @classmethod
-    def _from_functions(cls, mod, models: dict, target, pipeline) -> "Probe":
-        """One compile of ``mod``; a function probe per model; the first is the one returned."""
-        from ..core.errors import ModelError
-        from ..importer.relax import function_built, hold_on_device
-
-        if not models:
-            raise ModelError("the module has no public Relax function (one with a global_symbol) to run: "
-                             "build it with relax.BlockBuilder.function or give its functions a global_symbol")
-        built = compile_with_snapshots(mod, target, pipeline)
-        hold_on_device(models, built.device)
-        probes: dict[str, Probe] = {}
-        for name, model in models.items():
-            fbuilt = function_built(built, name)
-            probe = cls(model, fbuilt, build_kernel_map(model, fbuilt.snapshots))
-            if probes:
-                probe._executor.share_vm(next(iter(probes.values()))._executor)
-            probes[name] = probe
-        first = next(iter(probes.values()))
-        first._functions = probes
-        return first
-
-    @classmethod
-    def from_imported(cls, imported: ImportedModel, target=DEFAULT_TARGET, pipeline: PipelineLike = DEFAULT_PIPELINE,
-                      remote=None, precision=None) -> "Probe":
-        """Compile a model an importer produced (what the ``from_*`` constructors do after importing).
-
-        A ``remote`` device is connected to first, so that a wrong address fails before the compile.
-        ``precision`` (see :meth:`from_onnx`) converts the module before the pipeline compiles it.
-        """
-        if remote is not None:
-            from ..capture.remote import connect
-
-            remote = connect(remote)
-        lowered = None
-        if precision is not None:
-            from ..build.precision import lower_precision
-
-            imported, lowered = lower_precision(imported, precision)
-        built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
-        probe = cls(imported, built, build_kernel_map(imported, built.snapshots), remote=remote)
-        if lowered is not None:
-            lowered.attach(probe)
-        return probe
 
     # -- multi-function executables ------------------------------------------------------------
     @property
@@ -303,7 +156,7 @@ class Probe(Results, Viewable):
             probe._arguments = CallArguments(probe.imported, function)
         arrays = probe._arguments(args)
         layouts, plan, wanted = probe._call_plan(capture)
-        if self._calls and self._calls[-1].function != function:
+        if self._calls.last is not None and self._calls.last.function != function:
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
         result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
@@ -311,28 +164,23 @@ class Probe(Results, Viewable):
             self._fast_calls[key] = probe, plan, wanted
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
-            from ..importer.kv_cache import read_kv
-
-            for layout in layouts:
-                record.kv.update(read_kv(arrays[layout.param], layout))
+            record.kv.update(KVCaches.read(arrays, layouts))
         return result.returned
 
     def _record_call(self, function: str, result: Capture, wanted) -> CallRecord:
         """The next call's record, kept; ``get`` without ``call=`` serves it from now on."""
-        record = CallRecord(index=len(self._calls), function=function, capture=result, wanted=wanted,
-                            time_us=result.total_us, captured_bytes=captured_bytes(result))
-        self._calls.append(record)
         self._serve_run = False
-        return record
+        return self._calls.add(function, result, wanted)
 
     @property
     def kv_layouts(self) -> list:
         """The paged KV caches this function attends with (:class:`tvm_probe.kv_cache.CacheLayout`)."""
-        if not hasattr(self, "_kv_layouts"):
-            from ..importer.kv_cache import cache_layouts
+        return self._kv_caches().layouts
 
-            self._kv_layouts = cache_layouts(self.imported.mod["main"])
-        return self._kv_layouts
+    def _kv_caches(self) -> KVCaches:
+        if self._kv is None:
+            self._kv = KVCaches(self.imported.mod["main"])
+        return self._kv
 
     def _call_plan(self, capture: CaptureSpec) -> tuple:
         """``(KV caches to read after the call, CapturePlan, wanted keys)`` for ``capture``, made
@@ -340,38 +188,16 @@ class Probe(Results, Viewable):
         key = capture if capture is None or isinstance(capture, str) else tuple(capture)
         planned = self._call_plans.get(key)
         if planned is None:
-            layouts, rest = self._kv_wanted(capture)
+            layouts, rest = self._kv_caches().split(capture)
             if len(self._call_plans) >= 64:
                 self._call_plans.clear()
             planned = self._call_plans[key] = (layouts, *self._planner.plan(rest))
         return planned
 
-    def _kv_wanted(self, capture: CaptureSpec) -> tuple[list, CaptureSpec]:
-        """The caches whose K/V a call with ``capture`` reads afterwards, and ``capture`` less
-        the K/V names (which are no kernel outputs)."""
-        layouts = self.kv_layouts
-        if not layouts or capture is None:
-            return [], capture
-        if capture == "all":
-            return layouts, capture
-        names = [capture] if isinstance(capture, str) else list(capture)
-        if not hasattr(self, "_kv_names"):
-            self._kv_names = frozenset(n for layout in layouts for n in layout.names())
-        kv_names = self._kv_names
-        if not kv_names.intersection(names):
-            return [], capture
-        chosen = [l for l in layouts if any(n in kv_names and n.startswith(l.name + ".") for n in names)]
-        rest = [n for n in names if n not in kv_names]
-        return chosen, rest
-
     @property
     def calls(self):
         """DataFrame: one row per :meth:`call` — call, function, time_us, captured_bytes."""
-        import pandas as pd
-
-        return pd.DataFrame([{"call": r.index, "function": r.function, "time_us": r.time_us,
-                              "captured_bytes": r.captured_bytes} for r in self._calls],
-                            columns=["call", "function", "time_us", "captured_bytes"])
+        return self._calls.frame()
 
     @property
     def num_calls(self) -> int:
@@ -383,30 +209,17 @@ class Probe(Results, Viewable):
     def call_records(self) -> tuple[CallRecord, ...]:
         """Every :meth:`call`'s :class:`~tvm_probe.calls.CallRecord`, in call order; those
         dropped by :meth:`forget_calls` have ``capture=None`` (:meth:`call_record` refuses them)."""
-        return tuple(self._calls)
+        return tuple(self._calls.records)
 
     def forget_calls(self, keep_last: int = 0) -> None:
         """Drop the captures of all calls but the last ``keep_last`` (every call keeps what it
         captured until then: a long generation grows by one capture per step).  Calls keep
         their numbers."""
-        if keep_last < 0:
-            raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
-        for record in self._calls[:len(self._calls) - keep_last]:
-            record.capture, record.values, record.kv, record.wanted = None, {}, {}, set()
+        self._calls.forget(keep_last)
 
     def call_record(self, call: int | None = None) -> CallRecord:
         """Call ``call`` (default: the last one), or a one-line error."""
-        if not self._calls:
-            raise NotRunError("no function has been called yet: use probe.call(function, *args)")
-        if call is None:
-            return self._calls[-1]
-        if not isinstance(call, (int, np.integer)) or not -len(self._calls) <= call < len(self._calls):
-            raise ProbeError(f"there is no call {call!r}: calls are numbered 0..{len(self._calls) - 1}")
-        record = self._calls[call]
-        if record.capture is None:
-            raise NotRunError(f"call {record.index} ({record.function}) was forgotten (forget_calls): "
-                              "only later calls can be read")
-        return record
+        return self._calls.at(call)
 
     def in_call(self, call: int | None = None):
         """``with probe.in_call(k) as p:`` — ``p`` (the function's probe) serves call ``k``."""
@@ -458,8 +271,6 @@ class Probe(Results, Viewable):
         model's where the two models' paths differ.  Returns a
         :class:`~tvm_probe.compare.Comparison`.  :func:`tvm_probe.calls.compare_calls` does
         several calls at once (a report per call)."""
-        from .calls import compare_call
-
         return compare_call(self, reference, call, name_map, atol, rtol)
 
     def _function_probe(self, function: str) -> "Probe":
@@ -542,10 +353,9 @@ class Probe(Results, Viewable):
             A :class:`~tvm_probe.verify.Verification`, truthy when nothing disagreed;
             ``.summary()`` is one line.
         """
-        from .verify import verify
-
         saved = {name: getattr(self, name) for name in _RUN_STATE if hasattr(self, name)}
-        saved = {name: (value.copy() if isinstance(value, (dict, list, set)) else value) for name, value in saved.items()}
+        saved = {name: (value.copy() if isinstance(value, (dict, list, set, CallLog)) else value)
+                 for name, value in saved.items()}
         try:
             return verify(self, inputs)
         finally:
@@ -559,25 +369,6 @@ class Probe(Results, Viewable):
     @property
     def num_input_nodes(self) -> int:
         return len(self.imported.inputs)
-
-    def _static_nodes(self) -> list[NodeInfo]:
-        n_in = self.num_input_nodes
-        sources = self.imported.sources
-        # (a function's arguments may be objects — a KV cache, a shape — that are no source values)
-        nodes = [NodeInfo(index=i, name=s.name, op="null", out_shapes=[s.shape], out_dtypes=[s.dtype],
-                          output_keys=[[s.name] if s.name in sources else []])
-                 for i, s in enumerate(self.imported.inputs)]
-        for site in self.kernel_map.sites:
-            inputs = [(n_in + a.node, a.output) if a.kind is ArgKind.NODE else (a.input_index, 0)
-                      for a in site.args if a.kind in (ArgKind.NODE, ArgKind.INPUT)]
-            name = site.symbol if site.occurrence == 0 else f"{site.symbol}_{site.occurrence}"
-            nodes.append(NodeInfo(
-                index=n_in + site.index, name=name, op="tvm_op", symbol=site.symbol,
-                occurrence=site.occurrence, is_view=site.is_view, inputs=inputs,
-                const_inputs=sum(a.kind is ArgKind.CONST for a in site.args),
-                out_shapes=list(site.out_shapes), out_dtypes=list(site.out_dtypes),
-                output_keys=[list(k) for k in site.output_keys], interior_keys=list(site.interior_keys)))
-        return nodes
 
     # -- running ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
@@ -622,8 +413,6 @@ class Probe(Results, Viewable):
         build = self._recomputer.build_alongside() if self._planner.recomputes(wanted) else None
         try:
             if stream_to is not None:
-                from ..store.assemble import DumpOptions, run_streaming
-
                 run_streaming(self, arrays, plan, Path(stream_to), DumpOptions(**dump_options),
                               execute=lambda sink: self._executor.run(arrays, plan, sink=sink),
                               serve=lambda capture: self._accept(capture, wanted))
@@ -632,7 +421,7 @@ class Probe(Results, Viewable):
             self._serve_run = True
         finally:
             if build is not None:
-                _join_build(build)
+                join_build(build)
         return dict(zip(self.imported.sources.model_outputs, self._capture.result))
 
     def _check_runnable(self) -> None:
@@ -668,25 +457,7 @@ class Probe(Results, Viewable):
 
     def _show_run(self, capture: Capture) -> None:
         previous, self._timed_by = self._timed_by, capture
-        n_in, (start_us, time_us) = self.num_input_nodes, capture.kernel_times()
-        if time_us or (previous is not None and previous.kernel_times()[1]):  # (untimed after untimed: nothing to do)
-            for node in self._nodes[n_in:]:
-                node.time_us = time_us.get(node.index - n_in)
-                node.start_us = start_us.get(node.index - n_in)
-        if self._symbolic:
-            self._record_sizes(capture)
-
-    def _record_sizes(self, capture: Capture) -> None:
-        """Symbolic dimensions: the nodes take this run's sizes where the run shows them."""
-        n_in = self.num_input_nodes
-        for node, array in zip(self._nodes[:n_in], capture.inputs):
-            if hasattr(array, "shape"):  # (a call's arguments may be objects: a KV cache, a shape)
-                node.out_shapes = [tuple(int(d) for d in array.shape)]
-        for node in self._nodes[n_in:]:
-            site = node.index - n_in
-            outs = capture.outputs[site] if site in capture.outputs else None
-            node.out_shapes = ([tuple(a.shape) for a in outs] if outs is not None
-                               else list(self.kernel_map.sites[site].out_shapes))
+        show_run(self._nodes, self.num_input_nodes, capture, previous, self.kernel_map.sites, self._symbolic)
 
     # -- serving values -----------------------------------------------------------------------
     def _require_run(self) -> Capture:
@@ -695,96 +466,37 @@ class Probe(Results, Viewable):
         return self._capture
 
     def _value(self, key: str) -> np.ndarray:
-        capture = self._require_run()
-        value, serving = self.imported.sources[key], self.servings[key]
-        served, place = serving.served, self.kernel_map.places.get(key)
-        if served is Served.INPUT:
-            item = getattr(self.imported, "param_items", {}).get(key)
-            if item is not None:  # an element of a tuple argument (packed weights)
-                return as_numpy(capture.inputs[item.param][item.element])
-            return as_numpy(capture.inputs[serving.node_index])
-        if served is Served.SHAPE:  # the ONNX value is an int64 scalar or [1] tensor of that size
-            size = capture.inputs[place.input_index].shape[place.output]
-            return np.asarray(size, dtype=value.dtype or "int64").reshape(value.shape or ())
-        if served is Served.CONSTANT:
-            return self.imported.constants[key]
-        if served is Served.FOLDED:
-            if key not in self._folded:
-                self._folded.update(self._evaluate_folded())
-            return self._folded[key]
-        if served in (Served.CAPTURED, Served.VIEW):
-            return self._site_output(place.site, place.output, value.display_name)
-        if served is Served.RECOMPUTED:
-            if key not in self._values:
-                self._values.update(self.values_kept_inside(self.kernel_map.sites[place.site], key))
-            return self._values[key]
-        raise not_computed(value, served, self.kernel_map.lost.get(key, ""), key in self.kernel_map.known_limits)
-
-    def _evaluate_folded(self) -> dict[str, np.ndarray]:
-        """Every value the pipeline folded: constants as they are, the rest in one build."""
-        places = {k: p for k, p in self.kernel_map.places.items() if self.servings[k].served is Served.FOLDED}
-        values = {k: p.const.value.numpy() for k, p in places.items() if p.kind is PlaceKind.CONSTANT}
-        folded = {k: p.var for k, p in places.items() if p.kind is PlaceKind.FOLDED}
-        unique = list(dict.fromkeys(folded.values()))
-        if unique:
-            # on this machine's CPU, as FoldConstant itself evaluates them (TVM builds them for "llvm")
-            from ..build.compile import parse_target
-
-            arrays = dict(zip(unique, evaluate_folded(self.built.snapshots.pre_fold, unique, parse_target(DEFAULT_TARGET))))
-            values.update({k: arrays[v] for k, v in folded.items()})
-        return values
+        return self._server.value(key, self._require_run(), self._values, self._folded)
 
     def values_kept_inside(self, site, key: str) -> dict[str, np.ndarray]:
         """Every source value the fused call site ``site`` keeps inside, by key, recomputed at
         once from the inputs it received in the last run (``key``, the value asked for, names
         it in errors).  Not cached: :meth:`get` caches; a streamed dump holds one site at a time."""
-        inputs = self._site_inputs(site, self.imported.sources[key].display_name)
-        places = self.kernel_map.places
-        keys = [k for k in site.interior_keys if places[k].kind is PlaceKind.INTERIOR]
-        shapes = [getattr(a, "shape", None) for a in self._require_run().inputs]
-        tensors = self._recomputer.interior_values(site, inputs, {places[k].inner for k in keys}, shapes)
-        return {k: tensors[places[k].inner] for k in keys}
-
-    def _site_output(self, site: int, k: int, why: str) -> np.ndarray:
-        outs = self._require_run().outputs.get(site)
-        if outs is None:
-            raise NotCapturedError(
-                f"{why!r} was not captured by the last run: add it to run(..., capture=[...]) "
-                "or use capture='all'")
-        return outs[k]
-
-    def _site_inputs(self, site, why: str) -> list[np.ndarray]:
-        capture = self._require_run()
-        values = []
-        for j, arg in enumerate(site.args):
-            if arg.kind is ArgKind.NODE:
-                values.append(self._site_output(arg.node, arg.output, why))
-            elif arg.kind is ArgKind.INPUT:
-                values.append(capture.inputs[arg.input_index])
-            elif arg.kind is ArgKind.CONST:
-                values.append(arg.const.value.numpy())
-            else:
-                held = capture.untracked_inputs.get(site.index, {})
-                if j not in held:
-                    raise NotCapturedError(f"the inputs of the kernel computing {why!r} were not captured: "
-                                           "add it to run(..., capture=[...]) or use capture='all'")
-                values.append(held[j])
-        return values
+        return self._server.kept_inside(self._require_run(), site, key)
 
     def can_recompute(self, site) -> bool:
         """Whether the last run kept every input of the call site ``site``, so that what it
         keeps inside can be recomputed (:meth:`values_kept_inside`) without an error."""
-        capture = self._require_run()
-        held = capture.untracked_inputs.get(site.index, {})
-        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
-                   for j, a in enumerate(site.args))
+        return self._server.can_recompute(self._require_run(), site)
 
     def _node_output(self, index: int, output: int) -> np.ndarray:
         capture = self._require_run()
         if index < self.num_input_nodes:
             return capture.inputs[index]
         node = self.node_infos[index]
-        return self._site_output(index - self.num_input_nodes, output, node.name)
+        return self._server.site_output(capture, index - self.num_input_nodes, output, node.name)
+
+    def built_dtype(self, key: str) -> str | None:
+        """The dtype the compiled kernels compute source value ``key`` in: a kernel's output or a
+        value a fused kernel keeps inside; None for any other (an input, a constant, folded)."""
+        place = self.kernel_map.places.get(key)
+        if place is None:
+            return None
+        if place.kind is PlaceKind.OUTPUT:
+            return self.kernel_map.sites[place.site].out_dtypes[place.output]
+        if place.kind is PlaceKind.INTERIOR:
+            return str(getattr(place.inner.ty, "dtype", ""))
+        return None
 
     # -- dumps --------------------------------------------------------------------------------
     def dump(self, path, **options) -> Path:
@@ -806,8 +518,6 @@ class Probe(Results, Viewable):
                 that differs between runs of the same model, inputs and pipeline.
             metadata: JSON-friendly data to keep with the dump (e.g. where the model came from).
         """
-        from ..store.assemble import DumpOptions, dump_calls, dump_probe
-
         if self._calls and not self._serve_run:  # calls of a multi-function executable
             return dump_calls(self, path, DumpOptions(**options))
         return dump_probe(self, path, DumpOptions(**options))
@@ -815,8 +525,6 @@ class Probe(Results, Viewable):
     @property
     def device_label(self) -> str:
         """How dumps name the device: ``CPU_0``, ``CUDA_0``..."""
-        from ..core.device import device_label
-
         return device_label(self.built.target) + "_0"
 
     def __repr__(self) -> str:
@@ -831,15 +539,3 @@ class Probe(Results, Viewable):
 #: What a run leaves on a probe (restored by :meth:`Probe.verify`, which runs it once more).
 _RUN_STATE = ("_capture", "_wanted", "_values", "_folded", "_calls", "_serve_run")
 
-
-def _join_build(thread) -> None:
-    """Wait for a build started alongside a run.  A Ctrl-C meanwhile is raised once it is over:
-    while it lasts, file descriptor 2 goes to the log, and so would the interruption's message."""
-    interrupted = False
-    while thread.is_alive():
-        try:
-            thread.join()
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted:
-        raise KeyboardInterrupt

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..capture.executor import CapturePlan, DebugExecutor
 from ..comparison.verdict import compare_arrays
 from ..core.sources import Kind, Served
 from ..core.schema import DEFAULT_TARGET
+from ..diagnose import compile_with_snapshots
+from ..kernel_map import KernelMap, branch_calls, call_sites, helper_symbols
 
 log = logging.getLogger(__name__)
 _NOT_COMPUTED = ", not computed by TVM"
@@ -106,10 +109,6 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
     """Every source value the unfused build computes from ``arrays`` (the model inputs, in order),
     by source key: built for llvm, found by Var identity."""
     from tvm import relax
-
-    from ..diagnose import compile_with_snapshots
-    from ..capture.executor import CapturePlan, DebugExecutor
-    from ..kernel_map import KernelMap, branch_calls, call_sites, helper_symbols
 
     built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]
