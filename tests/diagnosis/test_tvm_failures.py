@@ -26,7 +26,7 @@ from tvm_probe.diagnose import compile_with_snapshots
 from tvm_probe.core.errors import ModelError, TVMCompileError, TVMError, TVMRunError
 from tvm_probe.core.errors import tvm_message
 from tvm_probe.diagnose.failures import CompileWarning, run_failure
-from tvm_probe.importer.torch import stack_origin
+from tvm_probe.importer.torch_export import stack_origin
 from tvm_probe.core.native_log import native_log_to_logging, release_native
 from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.kernel_map import build_kernel_map

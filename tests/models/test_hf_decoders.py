@@ -176,7 +176,7 @@ def test_dynamo_onnx_export_of_a_decoder_serves_its_module_paths(tmp_path):
     import warnings
 
     from tvm_probe import NameLookupError
-    from tvm_probe.importer.torch import visible_module_calls
+    from tvm_probe.importer.torch_export import visible_module_calls
 
     module, args = _model("llama", with_mask=False)
     path = tmp_path / "llama.onnx"

@@ -299,7 +299,7 @@ def test_blocks_called_through_forward_answer_to_their_module_paths(codertimo, p
 def test_dynamo_onnx_export_inside_visible_module_calls_names_the_blocks(codertimo, tmp_path):
     pytest.importorskip("onnxscript")
     from support.hf_models import eager_forward_outputs
-    from tvm_probe.importer.torch import visible_module_calls
+    from tvm_probe.importer.torch_export import visible_module_calls
 
     module, args = codertimo
     path = tmp_path / "codertimo.onnx"

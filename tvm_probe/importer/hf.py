@@ -31,7 +31,8 @@ from typing import Any, Sequence
 from ..core.errors import InputError, ModelError, ProbeError
 from .adapter import ImportedFunctions, ModelAdapter, load_factory
 from .relax import FunctionModel, function_view
-from .torch import import_torch, require_torch
+from .torch import import_torch
+from .torch_export import require_torch
 
 #: The two functions of the executable.
 PREFILL, DECODE = "prefill", "decode"

@@ -22,26 +22,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import logging
-import os
-import re
 import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import PurePath
 
 import numpy as np
 
 from ..core.errors import ModelError, ProbeError, TVMBehaviourChanged, TVMImportError, UnsupportedOpError, one_line
 from ..core.sources import Kind, SourceMap, SourceValue
-from .fixes import (BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite,
-                    off_hint)
 from .adapter import ModelAdapter, SourceGraph, load_factory
+from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite, off_hint
 from .model import ImportedModel, InputSpec
 from .module_paths import module_outputs, module_path, unrecorded_modules
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
-
-_NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
+from .torch_export import _FIRST_OUTPUTS, export_program, stack_origin
 
 
 def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None) -> ImportedModel:
@@ -84,6 +78,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
     return imported
 
 
+
 def check_no_mutations(program, name: str) -> None:
     """Refuse, in one line naming them, a program that mutates buffers or its inputs.
 
@@ -101,201 +96,6 @@ def check_no_mutations(program, name: str) -> None:
                          "importer drops (it binds buffers as constants): pass that state as inputs and return "
                          "it as outputs (Probe.from_hf does this for KV caches)")
 
-
-def require_torch():
-    """The ``torch`` module, or a one-line :class:`ModelError` saying how to install it."""
-    try:
-        import torch
-    except ImportError:
-        raise ModelError(_NO_TORCH) from None
-    return torch
-
-
-def export_program(module, example_inputs, dynamic_shapes=None):
-    """``torch.export.export(module, args).run_decompositions()``: the program TVM converts.
-
-    ``from_exported_program`` decomposes before converting, and decomposition renames nodes, so
-    the importer and the eager reference both read this program.  Export is deterministic:
-    the same module and inputs give the same node names (``tests/models/test_torch.py`` checks it).
-    """
-    torch = require_torch()
-    if not isinstance(module, torch.nn.Module):
-        raise ModelError(f"cannot import a {type(module).__name__}: pass a torch.nn.Module")
-    args = example_args(example_inputs)
-    name = type(module).__name__
-    with warnings.catch_warnings(), _quiet_torch():
-        warnings.simplefilter("ignore")  # torch's deprecation chatter; failures are reported
-        try:
-            with visible_module_calls(module) as first_outputs:
-                program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
-        except Exception as err:
-            raise ModelError(f"torch.export cannot trace {name}: {_export_failure(err)}") from None
-        try:
-            decomposed = program.run_decompositions()
-        except Exception as err:
-            raise ModelError(f"torch.export cannot decompose {name}: {one_line(err)}") from None
-    decomposed.graph_module.meta[_FIRST_OUTPUTS] = {
-        path: _alias_chain(program, name) for path, name in first_outputs.items()}
-    return decomposed
-
-
-def _alias_chain(program, name: str) -> list[str]:
-    """``name`` and the nodes it merely aliases (``x.to(x.dtype)``, ``alias``, ``clone``), nearest
-    first: decomposition drops such no-op nodes and their users read the aliased node instead."""
-    nodes = {n.name: n for n in program.graph.nodes}
-    chain, node = [name], nodes.get(name)
-    while node is not None and _is_noop_alias(node):
-        node = node.args[0]
-        chain.append(node.name)
-    return chain
-
-
-def _is_noop_alias(node) -> bool:
-    source = node.args[0] if node.op == "call_function" and node.args else None
-    if not hasattr(source, "meta") or not str(node.target).startswith(("aten.to.", "aten.alias.", "aten.clone.")):
-        return False
-    val, before = node.meta.get("val"), source.meta.get("val")
-    return (hasattr(val, "shape") and hasattr(before, "shape") and val.dtype == before.dtype
-            and tuple(val.shape) == tuple(before.shape))
-
-
-_FIRST_OUTPUTS = "tvm_probe_first_outputs"  # graph_module.meta key: visible_module_calls' record
-
-
-@contextlib.contextmanager
-def visible_module_calls(module):
-    """Within the block, a submodule whose ``forward`` is called directly runs as a module call.
-
-    ``torch.export`` (and the dynamo ONNX exporter, which uses it) records a module only when it
-    runs through ``Module.__call__``; ``x = block.forward(x, mask)`` records nothing, so the
-    block's output would have no module path.  Inside this block each submodule's ``forward`` is
-    an instance attribute that, when called directly, calls the module instead; ``__call__``
-    then runs the class's own ``forward`` with the same arguments, so what is computed does not
-    change.  A module with hooks of its own is left alone (routing would run its hooks on calls
-    that skipped them).  Use it around a dynamo ONNX export to give those modules name scopes::
-
-        with visible_module_calls(model):
-            torch.onnx.export(model, args, "model.onnx", dynamo=True)
-
-    Yields ``{module path: fx node name}``: for each module whose (last) call returned several
-    tensors while torch traced it, the node of the first one, which forward hooks call the
-    module's output (see :func:`_add_module_paths`).
-    """
-    first_outputs: dict[str, str] = {}
-    routed = [_route_forward(m, name, first_outputs) for name, m in module.named_modules()
-              if name and not _has_hooks(m)]
-    try:
-        yield first_outputs
-    finally:
-        for undo in routed:
-            undo()
-
-
-def _has_hooks(m) -> bool:
-    """Hooks of the module's own, or global module hooks (which every module call runs)."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(m._forward_hooks or m._forward_pre_hooks or nn_module._global_forward_hooks
-                or nn_module._global_forward_pre_hooks)
-
-
-def _route_forward(m, path: str, first_outputs: dict):
-    """Make a direct ``m.forward(...)`` call ``m(...)``; returns the function that undoes it.
-
-    A pre-hook counts the calls ``__call__`` has entered; the instance ``forward`` it then calls
-    consumes one and runs the class's ``forward``.  With none pending, the call came from user
-    code, and goes through ``m(...)``.
-    """
-    own = m.__dict__.get("forward")  # an instance forward already set (kept, and restored)
-    original = own if own is not None else type(m).forward.__get__(m)
-    pending = [0]
-
-    def entered(_module, _args):
-        pending[0] += 1
-
-    def forward(*args, **kwargs):
-        if pending[0]:
-            pending[0] -= 1
-            result = original(*args, **kwargs)
-            _note_first_output(path, result, first_outputs)
-            return result
-        return m(*args, **kwargs)
-
-    handle = m.register_forward_pre_hook(entered)
-    m.forward = forward
-
-    def undo():
-        handle.remove()
-        if own is not None:
-            m.forward = own
-        else:
-            del m.forward
-    return undo
-
-
-def _note_first_output(path: str, result, first_outputs: dict) -> None:
-    """While torch traces, record the fx node of ``result[0]`` when a call returns several tensors."""
-    import torch
-    from torch.fx.experimental import proxy_tensor
-
-    if not isinstance(result, (tuple, list)):
-        return
-    tensors = [t for t in result if isinstance(t, torch.Tensor)]
-    mode = getattr(proxy_tensor, "get_proxy_mode", lambda: None)()
-    if len(tensors) < 2 or mode is None or not isinstance(result[0], torch.Tensor):
-        return
-    try:  # torch internals: without them the module keeps the "last value leaving it" rule
-        name = proxy_tensor.get_proxy_slot(result[0], mode.tracer, None, lambda p: p.proxy.node.name)
-    except Exception:
-        name = None
-    if name is not None:
-        first_outputs[path] = name
-    else:
-        first_outputs.pop(path, None)
-
-
-@contextlib.contextmanager
-def _quiet_torch():
-    """Silence what torch writes to stderr while exporting (graphs, tracebacks on failure).
-
-    A failure becomes one ModelError line.  torch prints some of it directly and logs the rest
-    through its own loggers, which do not propagate to the root logger and hold the original
-    stderr, so they are switched off one by one and restored afterwards.
-    """
-    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
-               if n == "torch" or n.startswith("torch.")]
-    before = [lg.disabled for lg in loggers]
-    for lg in loggers:
-        lg.disabled = True
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        for lg, was in zip(loggers, before):
-            lg.disabled = was
-
-
-def example_args(example_inputs) -> tuple:
-    """``forward``'s positional arguments: a tuple of tensors (a lone tensor is wrapped)."""
-    torch = require_torch()
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if not isinstance(example_inputs, (tuple, list)):
-        raise ModelError(f"example_inputs is a {type(example_inputs).__name__}: pass a tuple of tensors")
-    return tuple(example_inputs)
-
-
-def _export_failure(err: Exception) -> str:
-    """One line: torch's reason, where it happened, and what to do about it."""
-    text = str(err)
-    reason = one_line(text, limit=160).rstrip(".")
-    if "data-dependent" not in text:
-        return f"{reason}: check that example_inputs fit forward() and that torch.export supports the model"
-    where = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)',
-                      text.split("The following call raised this error:")[-1])
-    at = f" at {where[1]}:{where[2]} `{where[3].strip()}`" if where else ""
-    return (f"{reason}{at}: make the forward traceable (no data-dependent Python control flow; "
-            "use torch.where or torch.cond)")
 
 
 def _make_importer(import_fixes: bool = True):
@@ -367,6 +167,7 @@ def _make_importer(import_fixes: bool = True):
     return _NamingImporter()
 
 
+
 class OwnValues(dict):
     """The importer's ``env`` (fx node → Relax expr), remembering each node's *own* value.
 
@@ -399,6 +200,7 @@ class OwnValues(dict):
         super().__setitem__(node, value)
 
 
+
 def own_values(importer) -> OwnValues:
     """The importer's record of each fx node's own value (see :class:`OwnValues`)."""
     env = importer.env
@@ -407,6 +209,7 @@ def own_values(importer) -> OwnValues:
             "TVM's ExportedProgramImporter replaced its env during the import: tvm_probe cannot tell each fx "
             "node's own value from the values in-place converters wrote into its slot")
     return env
+
 
 
 def _naming_failures(convert):
@@ -429,6 +232,7 @@ def _naming_failures(convert):
     return wrapped
 
 
+
 def op_type(node) -> str:
     """The aten op of an fx node (``aten.bmm.default``), or the function name (``getitem``)."""
     target = node.target
@@ -436,6 +240,7 @@ def op_type(node) -> str:
         return node.op
     text = str(target)
     return text if text.startswith(("aten.", "prims.")) else getattr(target, "__name__", text)
+
 
 
 def _check_ops_supported(program, importer) -> None:
@@ -446,6 +251,7 @@ def _check_ops_supported(program, importer) -> None:
         raise UnsupportedOpError(
             f"fx node '{bad[0].name}' calls {op_type(bad[0])}, which TVM's PyTorch importer cannot "
             f"convert{others}: rewrite that part of the model with supported ops")
+
 
 
 @dataclass
@@ -460,6 +266,7 @@ class _Collected:
 
     def tag(self, var, key: str) -> None:
         self.var_keys.setdefault(var, []).append(key)
+
 
 
 def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
@@ -502,6 +309,7 @@ def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
                          overwritten=overwritten)
 
 
+
 def _follow_tuple_fields(mod, var_keys: dict) -> None:
     """Give ``v``'s names to ``x`` for every ``v = t[i]`` where ``t = (..., x, ...)`` is bound.
 
@@ -523,6 +331,7 @@ def _follow_tuple_fields(mod, var_keys: dict) -> None:
                     var_keys.setdefault(item, []).extend(var_keys[binding.var])
 
 
+
 def _add_placeholder(value: SourceValue, node, is_user_input: bool, weights: dict, out: _Collected) -> bool:
     """Fill in a user input, weight or lifted constant; False for other placeholders."""
     if is_user_input:
@@ -538,6 +347,7 @@ def _add_placeholder(value: SourceValue, node, is_user_input: bool, weights: dic
     _set_constant(value, tensor, out, kind)
     value.op_type = "Parameter" if kind is Kind.PARAM else "Constant"
     return True
+
 
 
 def _add_computed(value: SourceValue, expr, weight_of_var: dict, out: _Collected) -> bool:
@@ -561,13 +371,16 @@ def _add_computed(value: SourceValue, expr, weight_of_var: dict, out: _Collected
     return True
 
 
+
 def _set_constant(value: SourceValue, array: np.ndarray, out: _Collected, kind: Kind = Kind.CONSTANT) -> None:
     value.kind, value.shape, value.dtype = kind, array.shape, str(array.dtype)
     out.constants[value.key] = array
 
 
+
 def _python_scalar(value) -> np.ndarray | None:
     return np.array(value) if isinstance(value, (bool, int, float)) else None
+
 
 
 def node_keys(program) -> dict:
@@ -589,12 +402,14 @@ def node_keys(program) -> dict:
     return keys
 
 
+
 def _has_value(node) -> bool:
     if "val" in node.meta:
         val = node.meta["val"]
         return val is not None and not isinstance(val, (tuple, list))
     schema = getattr(node.target, "_schema", None)  # no fake value recorded (asserts): ask the op
     return schema is None or len(schema.returns) == 1
+
 
 
 def placeholder_tensors(program) -> dict:
@@ -611,6 +426,7 @@ def placeholder_tensors(program) -> dict:
     return found
 
 
+
 def lifted_tensors(program) -> dict:
     """State-dict name → torch tensor for every weight, buffer and constant export lifted.
 
@@ -619,11 +435,13 @@ def lifted_tensors(program) -> dict:
     return {**program.state_dict, **program.constants}
 
 
+
 def _user_input_names(program) -> set[str]:
     import torch
 
     user = torch.export.graph_signature.InputKind.USER_INPUT
     return {s.arg.name for s in program.graph_signature.input_specs if s.kind is user}
+
 
 
 def _user_outputs(program) -> list:
@@ -638,6 +456,7 @@ def _user_outputs(program) -> list:
     if len(specs) == len(leaves):
         leaves = [leaf for leaf, s in zip(leaves, specs) if s.kind in (kinds.USER_OUTPUT, kinds.LOSS_OUTPUT)]
     return [leaf for leaf in leaves if hasattr(leaf, "op")]
+
 
 
 def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
@@ -669,6 +488,7 @@ def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
             (path for path, m in module.named_modules() if not isinstance(m, containers)), recorded))
 
 
+
 def _first_output_keys(program, keys) -> dict[str, set[str]]:
     """``{module path: keys}`` of the decomposed nodes that come from the first tensor a module
     returned (recorded by :func:`visible_module_calls`; ``from_node`` leads back to it)."""
@@ -686,6 +506,7 @@ def _first_output_keys(program, keys) -> dict[str, set[str]]:
     return found
 
 
+
 def _origins(sources) -> set[str]:
     """Every node name in a ``from_node`` provenance chain."""
     names = set()
@@ -695,8 +516,10 @@ def _origins(sources) -> set[str]:
     return names - {None}
 
 
+
 def _is_tuple(node) -> bool:
     return isinstance(node.meta.get("val"), (tuple, list))
+
 
 
 def model_hash(program, weights: dict | None = None) -> str:
@@ -715,35 +538,6 @@ def model_hash(program, weights: dict | None = None) -> str:
             digest.update(f"{node.name}:{node.meta['val'].dtype}:{tuple(node.meta['val'].shape)}".encode())
     return digest.hexdigest()
 
-
-# -- where the user's code made a value -------------------------------------------------------
-def stack_origin(stack_trace: str | None) -> str:
-    """``file:line`` of the user's code in an fx node's ``meta["stack_trace"]``, or ''.
-
-    The trace lists frames outermost first; the innermost frame outside PyTorch itself is where
-    the user's code made the value (``masked_fill(mask == 0, ...)``, or the ``self.token(x)``
-    that called ``nn.Embedding``).
-    """
-    frames = re.findall(r'File "([^"]+)", line (\d+)', stack_trace or "")
-    for path, line in reversed(frames):
-        if not path.startswith("<") and not _in_torch(path) and not _in_tvm_probe(path):
-            return f"{path}:{line}"
-    return ""
-
-
-def _in_tvm_probe(path: str) -> bool:
-    """Frames of tvm_probe itself (its export wrappers) are never the user's line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.abspath(path).startswith(root + os.sep)
-
-
-def _in_torch(path: str) -> bool:
-    torch = sys.modules.get("torch")
-    root = os.path.dirname(getattr(torch, "__file__", "") or "")
-    if root and os.path.abspath(path).startswith(root + os.sep):
-        return True
-    parts = PurePath(path).parts
-    return any(p in ("site-packages", "dist-packages") for p in parts) and "torch" in parts
 
 
 class TorchAdapter(ModelAdapter):

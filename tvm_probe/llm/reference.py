@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..importer.hf import cache_shape, make_cache_step, positions
-from ..importer.torch import require_torch
+from ..importer.torch_export import require_torch
 from ..probe.generate import prompt_ids
 
 

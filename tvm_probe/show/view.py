@@ -49,7 +49,8 @@ from urllib.parse import quote
 from ..comparison.verdict import Status
 from ..core.errors import ProbeError
 from ..core.sources import Kind, Served
-from ..importer.torch import export_program, node_keys
+from ..importer.torch import node_keys
+from ..importer.torch_export import export_program
 from ..store.atomic import replace_folder
 from .report import FILL
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.errors import ModelError, one_line
-from ...importer.torch import example_args, export_program, lifted_tensors, node_keys, placeholder_tensors
+from ...importer.torch import lifted_tensors, node_keys, placeholder_tensors
+from ...importer.torch_export import example_args, export_program
 
 
 def torch_values(module, example_inputs, program=None) -> dict[str, np.ndarray]:
