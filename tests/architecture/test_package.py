@@ -70,3 +70,13 @@ def test_the_public_names_are_importable():
 
     missing = [name for name in tvm_probe.__all__ if not hasattr(tvm_probe, name)]
     assert not missing and "Instrument" in tvm_probe.__all__
+
+
+def test_the_public_api_page_imports_as_written():
+    """docs/api.md is the one list of what scripts import: its block runs in a fresh process."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    subprocess.run([sys.executable, "-c", block], check=True, capture_output=True, text=True)
