@@ -32,6 +32,7 @@ from ..core.errors import ProbeError, TVMError, one_line
 from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import EXIT_HELP, Exit
 from ..core.tolerance import default_tolerance
+from ..llm import GenerationOutcome
 from ..show.report import write_graph, write_report
 from ..show.view import export, model_explorer, reference_comparison, view
 from ..store.dump import load_dump
@@ -165,7 +166,7 @@ def _config_arguments(parser) -> None:
 def _cmd_run(args, progress) -> int:
     overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
     outcome = investigate(load_config(args.config, overrides), progress)
-    if hasattr(outcome, "generation"):  # generate: (tvm_probe.hf): per step, not per value
+    if isinstance(outcome, GenerationOutcome):  # an hf: model generates: per step, not per value
         for line in outcome.lines():
             print(line)
         return outcome.exit_code

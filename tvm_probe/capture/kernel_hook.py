@@ -65,7 +65,7 @@ class HookedVM:
         self.prepared: dict = {}  # CapturePlan → its native session (tvm_probe.capture.native_driver.NativePlan)
         #: hooked kernel calls a run makes: at the call sites, and of the helpers called a fixed number of times
         self.expected_calls = len(self.hooked_sites) + sum(
-            n for symbol, n in getattr(kernel_map, "fixed_helpers", {}).items() if symbol in self.hooked)
+            n for symbol, n in kernel_map.fixed_helpers.items() if symbol in self.hooked)
         self._functions: dict = {}
         runtime = executable.jit()
         module = runtime["vm_load_executable"]()
@@ -163,8 +163,8 @@ MAX_HOOKED_SYMBOLS = 4
 def hookable(kernel_map) -> bool:
     """Whether runs of this kernel map may go through a :class:`HookedVM` at all: not with
     calls inside control flow (which calls run changes between runs)."""
-    branches = getattr(kernel_map, "branches", None)
-    fixed = set(getattr(kernel_map, "fixed_helpers", {}))
+    branches = kernel_map.branches
+    fixed = set(kernel_map.fixed_helpers)
     # helpers called a fixed number of times (shape functions lowering adds) are fine; symbolic
     # shapes too: without If the VM makes the same calls every run, only their sizes change
     return set(kernel_map.helper_symbols) <= fixed and not (
@@ -180,7 +180,7 @@ def symbols_to_hook(kernel_map, plan, native: bool = False, every: bool = False)
     if every or plan.outputs is None:
         if not native:
             return None
-        return frozenset(s.symbol for s in kernel_map.sites) | frozenset(getattr(kernel_map, "fixed_helpers", ()))
+        return frozenset(s.symbol for s in kernel_map.sites) | frozenset(kernel_map.fixed_helpers)
     sites = [kernel_map.sites[i] for i in plan.outputs | plan.untracked_inputs]
     symbols = frozenset(s.symbol for s in sites)
     if native:

@@ -63,7 +63,7 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
     conditional = _conditional_numbers(main, runtime)
     dims = _input_dims(imported.mod["main"])
-    overwritten = getattr(imported, "overwritten", {})
+    overwritten = imported.overwritten
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]

@@ -21,7 +21,7 @@ from ..core.inputs import InputChecker
 from ..core.results import NodeInfo, Results
 from ..core.viewable import Viewable
 from ..importer import ImportedModel, InputSpec
-from ..importer.relax import place_arguments
+from ..importer.relax import FunctionModel, place_arguments
 from ..kernel_map import KernelMap, PlaceKind, classify
 from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
 from .calls import CallArguments, CallLog, CallRecord, compare_call
@@ -71,7 +71,7 @@ class Probe(Constructors, Results, Viewable):
         # how each value is served is this build's own table: the imported model is not touched,
         # so several probes (pipelines, targets) can share one import
         servings = classify(imported.sources, kernel_map, self.num_input_nodes)
-        if hasattr(imported, "param_items"):  # a function of a Relax module: arguments by position
+        if isinstance(imported, FunctionModel):  # a function of a Relax module: arguments by position
             place_arguments(imported, kernel_map, servings)
         self._server = ValueServer(imported, built, kernel_map, servings, self._recomputer)
         self._functions: dict[str, "Probe"] = {self.function: self}
@@ -402,7 +402,7 @@ class Probe(Constructors, Results, Viewable):
         Returns:
             The model outputs, by output tensor name.
         """
-        if len(self._functions) > 1 or hasattr(self.imported, "param_items"):
+        if len(self._functions) > 1 or isinstance(self.imported, FunctionModel):
             self._check_runnable()
         arrays = self._check_inputs(inputs, allow_nonfinite)
         plan, wanted = self._planner.plan(capture)
