@@ -17,7 +17,7 @@ MOVED = {
     "tolerance": "core.tolerance", "inputs": "core.inputs", "native_log": "core.native_log",
     "viewable": "core.viewable", "describe": "core.describe", "failures": "diagnose.failures",
     "progress": "app.progress", "config": "app.config", "investigate": "app.investigate", "cli": "app.cli",
-    "dump_reference": "app.dump_reference", "relax_analysis": "kernel_map.relax_analysis",
+    "dump_reference": "comparison.dump", "relax_analysis": "kernel_map.relax_analysis",
     "valuenum": "kernel_map.valuenum", "passes": "build.passes",
     "kernel_hook": "capture.kernel_hook", "recompute": "capture.recompute", "instrument": "capture.instrument",
     "native": "capture.native", "remote": "capture.remote", "remote.spec": "capture.remote.spec",

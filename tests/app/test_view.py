@@ -444,7 +444,7 @@ def test_a_demo_dump_is_viewed_with_the_model_its_config_built(tmp_path):
 def test_a_model_record_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path):
     """A dump recording a model kind compare/view cannot rebuild is refused, never read as the demo."""
     from tvm_probe import ProbeError, demo, load_dump
-    from tvm_probe.app.dump_reference import compare_dump
+    from tvm_probe.comparison.dump import compare_dump
 
     model = demo.tiny_bert(num_layers=1)
     probe = Probe.from_onnx(model)

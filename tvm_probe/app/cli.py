@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..capture.remote import Server
+from ..comparison.dump import compare_dump
 from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, one_line
 from ..core.native_log import native_log_to_logging, release_native
@@ -37,7 +38,6 @@ from ..show.report import write_graph, write_report
 from ..show.view import export, model_explorer, reference_comparison, view
 from ..store.dump import load_dump
 from .config import load_config
-from .dump_reference import compare_dump
 from .investigate import investigate, precision_investigation, reduce_investigation, split_investigation
 from .progress import Progress
 

@@ -46,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from ..comparison.dump import compare_dump, recorded_model
 from ..comparison.verdict import Status
 from ..core.errors import ProbeError
 from ..core.sources import Kind, Served
+from ..importer.kinds import SourceGraph, adapter_of
 from ..importer.torch import node_keys
 from ..importer.torch_export import export_program
 from ..store.atomic import replace_folder
@@ -351,13 +353,15 @@ def source_model(results, model=None, workdir: Path | None = None) -> SourceMode
     known = {v.key for v in results.sources_map}
     workdir = Path(workdir or tempfile.mkdtemp(prefix="tvm_probe_view_"))
     if model is None:  # read as `tvm-probe compare DUMP` reads it (a demo built as its config built it)
-        from ..app.dump_reference import recorded_model
-
-        spec = recorded_model(results)
-        model = spec.load_torch() if spec.kind == "torch" else spec.load() if spec.kind == "demo" \
-            else spec.onnx or spec.tflite
-    if isinstance(model, tuple):  # (torch module, example inputs), as Probe.from_torch takes them
-        return _torch_model(*model, known, workdir)
+        adapter, source, shapes = recorded_model(results)
+        graph = adapter.source_graph(source, shapes)
+    elif isinstance(model, (str, Path)) and not Path(model).is_file():
+        raise ProbeError(f"the source model '{model}' does not exist: give it with --model PATH")
+    else:  # the model as its importer takes it: shown as it is
+        graph = SourceGraph(adapter_of(model).graph, model)
+    if graph.format == "torch":  # (torch module, example inputs): the ExportedProgram tvm_probe imported
+        return _torch_model(*graph.model, known, workdir)
+    model = graph.model
     if not isinstance(model, (str, Path)):  # an onnx.ModelProto: Model Explorer reads files
         import onnx
 
@@ -551,6 +555,4 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
 
 def reference_comparison(reader, model_path=None, atol=None, rtol=None):
     """The dump compared with the reference of its model on its own inputs (``tvm-probe compare``)."""
-    from ..app.dump_reference import compare_dump
-
     return compare_dump(reader, model_path, atol, rtol)

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...core.errors import ProbeError
+from ...importer.kinds import adapter_for
 
 __all__ = ["Reference", "register_reference", "get_reference", "reference_for", "reference_names",
            "NO_REFERENCE", "is_no_reference", "TVM_BUILD"]
@@ -161,12 +162,13 @@ def get_reference(name: str) -> Reference:
 
 
 def reference_for(model_kind: str) -> Reference:
-    """The built-in reference that runs models of ``model_kind`` (the default of ``compare``)."""
-    for reference in _BUILTIN:
-        if reference.runs(model_kind):
-            return reference
-    raise ProbeError(f"no reference runs {model_kind} models: give reference: {NO_REFERENCE}, or "
-                     f"{', '.join(_REGISTERED_ELSEWHERE)} (another build)")
+    """The reference that runs models of ``model_kind`` by default (the one its adapter names:
+    :attr:`tvm_probe.importer.adapter.ModelAdapter.reference`; the default of ``compare``)."""
+    name = adapter_for(model_kind).reference
+    if name is None:
+        raise ProbeError(f"no reference runs {model_kind} models: give reference: {NO_REFERENCE}, or "
+                         f"{', '.join(_REGISTERED_ELSEWHERE)} (another build)")
+    return get_reference(name)
 
 
 def reference_names() -> tuple[str, ...]:
