@@ -20,9 +20,9 @@ def test_shipped_configs_are_valid():
     root = Path(__file__).parents[2] / "configs"
     for name in ("demo.yaml", "bert-base.yaml", "example.yaml"):
         cfg = load_config(root / name)
-        assert cfg.model.demo is not None and cfg.reference.runtime == "onnxruntime"
+        assert cfg.model.kind == "demo" and cfg.reference.runtime == "onnxruntime"
     torch_cfg = load_config(root / "torch-bert.yaml")
-    assert torch_cfg.model.torch.endswith("tests/support/torch_models.py:tiny_torch_bert")
+    assert torch_cfg.model.kind == "torch" and torch_cfg.model.source.endswith("tests/support/torch_models.py:tiny_torch_bert")
     assert torch_cfg.reference.runtime == "torch"
     assert load_config(root / "split-demo.yaml").split.cuts == ("layer_._3/output/LayerNorm",)
     example = load_config(root / "example.yaml")

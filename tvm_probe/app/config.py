@@ -47,14 +47,17 @@ from ..comparison.reference import (
 )
 from ..core.errors import ProbeError
 from ..core.precision import PrecisionError, parse_precision
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, ModelKind, name_matches
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, name_matches
 from ..core.tolerance import Tolerance
-from ..importer import demo
 from ..importer.demo import PRESETS, SIZES
-from ..importer.onnx import load_onnx
-from ..importer.tflite import load_tflite
+from ..importer.kinds import ModelAdapter, adapter_for, adapters
 
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+#: The kinds a config's ``model:`` takes, in the order its messages list them.
+CONFIG_KINDS = ("onnx", "tflite", "demo", "torch", "hf")
+_GIVEN = {"file": "PATH", "sizes": "{...}", "factory": "FILE.py:FUNCTION"}  # how each is written
 
 
 class ConfigError(ProbeError):
@@ -63,80 +66,26 @@ class ConfigError(ProbeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which model: an ONNX or TFLite file, the built-in demo with its sizes, or a PyTorch factory."""
+    """Which model: its kind (the key of YAML ``model: {KIND: ...}``), what the config gives for it
+    (a resolved file path, a ``"file.py:function"`` factory, the demo's sizes) and ``shapes:``.
+    Loading and recording go through the kind's adapter (:mod:`tvm_probe.importer.kinds`)."""
 
-    onnx: Path | None = None
-    demo: dict | None = None
+    kind: str = "demo"
+    source: Any = field(default_factory=dict)
     shapes: dict = field(default_factory=dict)
-    torch: str | None = None   # "file.py:function" (resolved path) or "package.module:function"
-    tflite: Path | None = None
-    hf: str | None = None      # "file.py:function" returning a transformers *ForCausalLM (issue 24)
-
-    def load_torch(self):
-        """``(module, example_inputs)`` from the factory this spec names (a torch model)."""
-        result = self._factory(self.torch, "torch")()
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise ConfigError(f"model.torch: {self.torch!r} must return (module, example_inputs), "
-                              f"got {type(result).__name__}")
-        return result
-
-    def load_hf(self):
-        """The transformers causal LM the ``hf`` factory returns."""
-        return self._factory(self.hf, "hf")()
-
-    @staticmethod
-    def _factory(name: str, key: str):
-        import importlib
-        import importlib.util
-
-        where, _, func = name.rpartition(":")
-        try:
-            if where.endswith(".py"):
-                spec = importlib.util.spec_from_file_location(Path(where).stem, where)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                module = importlib.import_module(where)
-            return getattr(module, func)
-        except Exception as err:
-            raise ConfigError(f"model.{key}: cannot load {name!r} ({type(err).__name__}: {err}): "
-                              "give 'file.py:function' or 'package.module:function'") from None
 
     @property
-    def kind(self) -> ModelKind:
-        """The kind of model this spec names (demo: the ONNX model built in code)."""
-        if self.hf is not None:
-            return ModelKind("torch")  # a PyTorch model: references and checks as for torch
-        return next((ModelKind(k) for k in ("onnx", "tflite", "torch") if getattr(self, k) is not None),
-                    ModelKind.DEMO)
+    def adapter(self) -> ModelAdapter:
+        return adapter_for(self.kind)
 
     def load(self):
-        """The model this spec names: an ``onnx.ModelProto`` (ONNX and demo), the parsed TFLite
-        model, or ``(module, example_inputs)`` for a PyTorch factory."""
-        if self.torch is not None:
-            return self.load_torch()
-        if self.tflite is not None:
-            return load_tflite(self.tflite)
-        if self.onnx is not None:
-            return load_onnx(self.onnx)
-
-        sizes = dict(self.demo or {})
-        merged = {**demo.PRESETS[sizes.pop("preset", "tiny")], **sizes}
-        if "hidden" in sizes and "intermediate" not in sizes:
-            merged["intermediate"] = None  # follow the new hidden size (4x), not the preset's
-        return demo.build(merged)
+        """The model this spec names, as its importer takes it (an ``onnx.ModelProto``, the
+        parsed TFLite model, ``(module, example_inputs)``, a transformers causal LM)."""
+        return self.adapter.load(self.source, self.shapes)
 
     def describe(self) -> dict:
         """JSON-friendly description, stored in dumps so ``tvm-probe compare DUMP`` can reload it."""
-        if self.onnx is not None:
-            return {"onnx": str(self.onnx.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
-        if self.torch is not None:
-            return {"torch": self.torch}
-        if self.hf is not None:
-            return {"hf": self.hf}
-        if self.tflite is not None:
-            return {"tflite": str(self.tflite.resolve()), "shapes": {k: list(v) for k, v in self.shapes.items()}}
-        return {"demo": dict(self.demo or {})}
+        return self.adapter.record(self.source, self.shapes)
 
 
 @dataclass(frozen=True)
@@ -344,7 +293,7 @@ class _Validator:
             self.fail(("model",), "missing: give {onnx: PATH}, {tflite: PATH} or {demo: {...}}")
         model = self.model(data.get("model")) if "model" in data else None
         cfg = Config(
-            model=model or ModelSpec(demo={}),
+            model=model or ModelSpec(),
             inputs=self.inputs(data.get("inputs") or {}),
             target=self.string(data, ("target",), DEFAULT_TARGET),
             pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
@@ -416,7 +365,7 @@ class _Validator:
         """What the sections say together: checked now, not after a long compile."""
         kind, runtime = cfg.model.kind, cfg.reference.runtime
         if not is_no_reference(runtime) and not get_reference(runtime).runs(kind):
-            self.fail(("reference",), f"{runtime!r} cannot run {kind.described}: use reference: "
+            self.fail(("reference",), f"{runtime!r} cannot run {adapter_for(kind).described}: use reference: "
                                       f"{reference_for(kind).name}")
 
     def resolve(self, value: str) -> Path:
@@ -446,49 +395,60 @@ class _Validator:
         keys = ("model",)
         if self.mapping(value, keys) is None:
             return None
-        self.unknown_keys(value, keys, ("onnx", "tflite", "demo", "torch", "hf", "shapes"))
-        if sum(k in value for k in ("onnx", "tflite", "demo", "torch", "hf")) != 1:
-            self.fail(keys, "give exactly one of 'onnx: PATH', 'tflite: PATH', 'demo: {...}', "
-                            "'torch: FILE.py:FUNCTION' or 'hf: FILE.py:FUNCTION'")
+        given = {a.kind: a for a in adapters() if a.config}
+        self.unknown_keys(value, keys, (*CONFIG_KINDS, "shapes"))
+        if sum(k in value for k in CONFIG_KINDS) != 1:
+            self.fail(keys, "give exactly one of " + ", ".join(f"'{k}: {_GIVEN[given[k].config]}'"
+                                                               for k in CONFIG_KINDS[:-1])
+                      + f" or '{CONFIG_KINDS[-1]}: {_GIVEN[given[CONFIG_KINDS[-1]].config]}'")
             return None
-        if "torch" in value:
-            return self.torch_model(value["torch"], keys + ("torch",))
-        if "hf" in value:
-            spec = self.torch_model(value["hf"], keys + ("hf",))
-            return ModelSpec(hf=spec.torch) if spec else None
-        if "onnx" in value or "tflite" in value:
-            kind = "onnx" if "onnx" in value else "tflite"
-            shapes = value.get("shapes") or {}
-            if self.mapping(shapes, keys + ("shapes",)) is None:
-                shapes = {}
-            clean = {}
-            for name, dims in shapes.items():
-                if not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
-                    self.fail(keys + ("shapes", name), f"must be a list of positive integers, got {dims!r}")
-                else:
-                    clean[name] = tuple(dims)
-            return ModelSpec(shapes=clean, **{kind: self.existing_file(value[kind], keys + (kind,))})
-        demo = value["demo"] or {}
-        if self.mapping(demo, keys + ("demo",)) is None:
+        kind = next(k for k in CONFIG_KINDS if k in value)
+        adapter, where = given[kind], keys + (kind,)
+        if adapter.config == "factory":
+            source = self.factory(value[kind], where)
+        elif adapter.config == "file":
+            source = self.existing_file(value[kind], where)
+        else:
+            source = self.sizes(value[kind] or {}, where)
+        if source is None:
             return None
+        return ModelSpec(kind, source, self.shapes(value, keys) if adapter.shapes else {})
 
-        self.unknown_keys(demo, keys + ("demo",), ("preset",) + SIZES)
+    def shapes(self, value, keys: tuple) -> dict:
+        shapes = value.get("shapes") or {}
+        if self.mapping(shapes, keys + ("shapes",)) is None:
+            return {}
+        clean = {}
+        for name, dims in shapes.items():
+            if not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
+                self.fail(keys + ("shapes", name), f"must be a list of positive integers, got {dims!r}")
+            else:
+                clean[name] = tuple(dims)
+        return clean
+
+    def sizes(self, demo, keys: tuple) -> dict | None:
+        """The demo's sizes (``model: {demo: {preset:, layers:, ...}}``)."""
+        if self.mapping(demo, keys) is None:
+            return None
+        self.unknown_keys(demo, keys, ("preset",) + SIZES)
         if demo.get("preset", "tiny") not in PRESETS:
-            self.fail(keys + ("demo", "preset"), f"must be one of {', '.join(PRESETS)}, got {demo.get('preset')!r}")
+            self.fail(keys + ("preset",), f"must be one of {', '.join(PRESETS)}, got {demo.get('preset')!r}")
         for size in SIZES:
             if size in demo and (isinstance(demo[size], bool) or not isinstance(demo[size], int) or demo[size] < 0):
-                self.fail(keys + ("demo", size), f"must be a non-negative integer, got {demo[size]!r}")
-        return ModelSpec(demo=dict(demo))
+                self.fail(keys + (size,), f"must be a non-negative integer, got {demo[size]!r}")
+        return dict(demo)
 
-    def torch_model(self, value, keys: tuple) -> ModelSpec | None:
+    def factory(self, value, keys: tuple) -> str | None:
+        """``"FILE.py:FUNCTION"`` (the file resolved against the config's folder) or
+        ``"package.module:FUNCTION"``."""
         where, sep, func = value.rpartition(":") if isinstance(value, str) else ("", "", "")
         if not sep or not where or not func.isidentifier():
             self.fail(keys, f"must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {value!r}")
             return None
         if where.endswith(".py"):
             path = self.existing_file(where, keys)
-            return ModelSpec(torch=f"{path}:{func}") if path else None
-        return ModelSpec(torch=value)
+            return f"{path}:{func}" if path else None
+        return value
 
     # -- generate (issue 24): a self-contained block ------------------------------------------
     def generate(self, value, is_hf: bool):

@@ -23,9 +23,7 @@ from ..core.names import NameIndex
 from ..core.precision import PrecisionError, precision_tolerance
 from ..core.schema import Exit
 from ..core.tolerance import Tolerance, tolerance_of, within
-from ..importer import demo
-from ..importer import import_model as by_kind
-from ..llm.hf import investigate_generation
+from ..llm import investigate_generation
 from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference
 from ..show.report import write_precision_report, write_report
@@ -61,8 +59,7 @@ class Outcome:
 # -- models ------------------------------------------------------------------------------------
 def import_model(spec: ModelSpec, model, import_fixes: bool = True):
     """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
-
-    return by_kind(spec.kind, model, spec.shapes, import_fixes)
+    return spec.adapter.import_model(model, spec.shapes, import_fixes)
 
 
 def build_probe(config: Config, model, progress: Progress):
@@ -105,15 +102,10 @@ def _inputs(config: Config, imported, model) -> dict[str, np.ndarray]:
         raise ConfigError(f"{config.source}: inputs.{unknown[0]}: the model has no such input; "
                           f"its inputs are {', '.join(specs)}")
     missing = [n for n in specs if n not in given]
-    defaults = {}
-    if missing and config.model.kind == "torch":  # the factory's example inputs, in input order
-        defaults = {n: np.asarray(t.detach().cpu().numpy()) for n, t in zip(specs, model[1])}
-    elif missing:
-        if config.model.kind != "demo":
-            raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
-                              f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
-
-        defaults = demo.demo_inputs(model)
+    defaults = config.model.adapter.default_inputs(model, imported.inputs) if missing else {}
+    if defaults is None:  # the model gives none of its own (the demo and a torch factory do)
+        raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
+                          f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
     return {n: (given[n].load(specs[n]) if n in given else defaults[n]) for n in specs}
 
 
@@ -123,7 +115,7 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     progress = progress or Progress(enabled=False)
     if config.generate is not None:  # model: {hf: ...}: a generation, compared step by step
 
-        return investigate_generation(config, progress, Probe)
+        return investigate_generation(config, progress)
     model = config.model.load()
     probe, inputs = build_probe(config, model, progress)
     capture = config.capture if config.capture in (None, "all") else list(config.capture)
@@ -203,7 +195,7 @@ def split_investigation(config: Config, atol: float | None, rtol: float | None, 
 
     if config.split is None:
         raise ConfigError(f"{config.source}: split: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
-    if config.model.kind not in ("onnx", "demo"):
+    if config.model.adapter.graph != "onnx":
         raise ConfigError(f"{config.source}: split: cuts ONNX models into ONNX stages; this is a "
                           f"{config.model.kind} model: export it to ONNX first")
     model = config.model.load()
@@ -279,7 +271,7 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
     """The smallest sub-model on which the config's build still fails as on the whole model,
     written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.reduce`)."""
 
-    if config.model.kind not in ("onnx", "demo"):
+    if config.model.adapter.graph != "onnx":
         raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "
                           "model: export it to ONNX first")
     spec = config.reference

@@ -16,8 +16,9 @@ DEFAULT_TARGET = "llvm"
 
 
 class ModelKind(str, Enum):
-    """The kinds of source model: what a config's ``model:`` names and which importer and
-    default reference take it (compares equal to its value: ``ModelKind.ONNX == "onnx"``)."""
+    """The kinds of source model a file or a factory gives (compares equal to its value:
+    ``ModelKind.ONNX == "onnx"``).  What each kind means — importer, reference, description — is
+    its adapter's (:mod:`tvm_probe.importer.kinds`, which also has the kinds given in Python)."""
 
     ONNX = "onnx"
     TFLITE = "tflite"
@@ -27,13 +28,7 @@ class ModelKind(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    @property
-    def described(self) -> str:
-        """The kind in a sentence: "a PyTorch model"."""
-        return _DESCRIBED.get(self.value, f"a {self.value}") + " model"
 
-
-_DESCRIBED = {"onnx": "an ONNX", "tflite": "a TFLite", "torch": "a PyTorch", "demo": "an ONNX"}
 REPORT_FORMATS = ("csv", "html", "graph")
 
 

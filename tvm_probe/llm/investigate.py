@@ -45,7 +45,7 @@ def investigate_generation(config, progress) -> GenerationOutcome:
     the tables (``config.output.report``)."""
     spec = config.generate
     with progress.stage("import and compile (prefill, decode)"):
-        model = config.model.load_hf()
+        model = config.model.load()
         prompt = _config_prompt(spec, model)
         probe = Probe.from_hf(model, pipeline=config.pipeline, target=config.target,
                               max_len=prompt.shape[1] + spec.steps, import_fixes=config.import_fixes)

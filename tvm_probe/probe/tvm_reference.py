@@ -11,7 +11,6 @@ first asks for ``tvm`` (importing this module imports no TVM either).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +20,10 @@ import numpy as np
 from ..build.compile import parse_target, resolve_pipeline
 from ..comparison.reference import TVM_BUILD, Reference, register_reference
 from ..core.errors import ProbeError
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, ModelKind
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from ..core.sources import Kind
-from ..importer import ImportedModel, import_model
-from ..importer.tflite import TFLiteModel
+from ..importer import ImportedModel
+from ..importer.kinds import KINDS, adapter_of
 from .probe import Probe
 
 __all__ = ["TVMBuildReference", "build_label", "pipeline_label", "served_values", "target_label"]
@@ -45,7 +44,7 @@ class TVMBuildReference(Reference):
     pipeline: Any = DEFAULT_PIPELINE
 
     name = TVM_BUILD
-    model_kinds = tuple(kind.value for kind in ModelKind)  # whatever tvm_probe imports
+    model_kinds = KINDS  # whatever tvm_probe imports
 
     @property
     def label(self) -> str:
@@ -73,18 +72,9 @@ class TVMBuildReference(Reference):
 
 
 def _imported(model) -> ImportedModel:
-    """``model`` imported by the importer of its kind (a ``(module, example inputs)`` pair →
-    torch; bytes, a ``.tflite`` path or a parsed TFLite model → tflite; else ONNX); an
-    ImportedModel as it is."""
-
-    if isinstance(model, ImportedModel):
-        return model
-    if isinstance(model, tuple):
-        return import_model(ModelKind.TORCH, model)
-    if isinstance(model, (bytes, bytearray, TFLiteModel)) or (
-            isinstance(model, (str, os.PathLike)) and str(model).endswith(".tflite")):
-        return import_model(ModelKind.TFLITE, model)
-    return import_model(ModelKind.ONNX, model)
+    """``model`` imported by the importer of its kind (:func:`~tvm_probe.importer.kinds.adapter_of`);
+    an ImportedModel as it is."""
+    return model if isinstance(model, ImportedModel) else adapter_of(model).import_model(model)
 
 
 def served_values(probe) -> dict[str, np.ndarray]:

@@ -107,7 +107,7 @@ class OnnxruntimeReference(Reference):
 class TorchReference(Reference):
     """Eager PyTorch: the exported program run node by node."""
 
-    name, model_kinds = "torch", ("torch",)
+    name, model_kinds = "torch", ("torch", "hf")
 
     def values(self, model, inputs):
         import torch
