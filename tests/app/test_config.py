@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,13 @@ def test_reference_tvm_none_and_a_tvm_build_with_its_spec(tmp_path):
     assert chosen_reference(reference("onnxruntime")).name == "onnxruntime"
     with pytest.raises(ConfigError, match=r"reference.tvm.pipeline: must be one of default, fused, got 'fast'"):
         reference("{tvm: {pipeline: fast}}")
+
+
+def test_the_default_reference_is_the_one_the_model_kind_names(tmp_path):
+    """No ``reference:``: the model's kind picks it (its adapter's), as ``compare DUMP`` does."""
+    factory = Path(__file__).parents[1] / "support" / "torch_models.py"
+    cases = {"model: {demo: {}}\n": "onnxruntime", f"model: {{torch: '{factory}:tiny_torch_bert'}}\n": "torch"}
+    for text, runtime in cases.items():
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        assert load_config(path).reference.runtime == runtime

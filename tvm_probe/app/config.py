@@ -298,7 +298,7 @@ class _Validator:
             target=self.string(data, ("target",), DEFAULT_TARGET),
             pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
             capture=self.capture(data.get("capture", "all")),
-            reference=self.reference(data.get("reference", "torch" if is_hf else "onnxruntime")),
+            reference=self.reference(data.get("reference", (model or ModelSpec()).adapter.reference)),
             output=self.output(data.get("output") or {}),
             split=self.split(data["split"]) if "split" in data else None,
             verify=self.flag(data, ("verify",)),
