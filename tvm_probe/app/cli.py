@@ -14,8 +14,8 @@
     tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
-:mod:`tvm_probe.investigate` and the stage modules; the exit statuses in
-:class:`tvm_probe.schema.Exit`.
+:mod:`tvm_probe.app.investigate` and the stage modules; the exit statuses in
+:class:`tvm_probe.core.schema.Exit`.
 """
 from __future__ import annotations
 
@@ -289,7 +289,7 @@ def _cmd_serve(args, progress) -> int:
     return Exit.OK
 
 
-# -- tvm-probe view (tvm_probe/view.py) ----------------------------------------------------------
+# -- tvm-probe view (tvm_probe/show/view.py) ----------------------------------------------------------
 def _view_arguments(command) -> None:
     view = command("view", help="look at a dump in Google's Model Explorer: the source graph with each value's "
                                 "error, and the kernels TVM fused (needs tvm_probe[view])",
@@ -323,7 +323,7 @@ def _cmd_view(args, progress) -> int:
     return Exit.OK
 
 
-# -- tvm-probe precision (tvm_probe/precision.py) ------------------------------------------------
+# -- tvm-probe precision (tvm_probe/tools/precision/) ------------------------------------------------
 def _precision_arguments(command) -> None:
     prec = command("precision", help="find the ops to keep in fp32 so that an fp16 build meets the tolerance; "
                                      "write DIR/precision.yaml",

@@ -116,7 +116,7 @@ class InputSource:
 @dataclass(frozen=True)
 class GenerateSpec:
     """``generate:``: the prompt (token ids, or ``"random"``: ``length`` ids from ``seed``) and
-    the number of new tokens; ``tvm-probe run`` compares every step (see :mod:`tvm_probe.hf`)."""
+    the number of new tokens; ``tvm-probe run`` compares every step (see :mod:`tvm_probe.llm.hf`)."""
 
     prompt: tuple | str = "random"
     steps: int = 1
@@ -129,7 +129,7 @@ class ReferenceSpec:
     """The reference runtime and tolerances.
 
     ``atol``/``rtol`` of None mean the default for each value's dtype
-    (:func:`tvm_probe.tolerance.default_tolerance`); per-pattern overrides win, first match first.
+    (:func:`tvm_probe.core.tolerance.default_tolerance`); per-pattern overrides win, first match first.
     """
 
     runtime: str = "onnxruntime"   # a registered reference's name, or NO_REFERENCE ('none')

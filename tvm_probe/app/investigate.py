@@ -154,7 +154,7 @@ def _compare(config: Config, probe, reference, model, inputs, progress):
 
 
 def chosen_reference(ref_spec):
-    """The :class:`~tvm_probe.reference.Reference` a config's ``reference:`` names: the TVM build
+    """The :class:`~tvm_probe.comparison.reference.Reference` a config's ``reference:`` names: the TVM build
     its ``tvm:`` describes (:class:`~tvm_probe.probe.tvm_reference.TVMBuildReference`), or the
     registered one; None for ``reference: none``."""
 
@@ -269,7 +269,7 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
 # -- tvm-probe reduce ----------------------------------------------------------------------------
 def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
     """The smallest sub-model on which the config's build still fails as on the whole model,
-    written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.reduce`)."""
+    written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.tools.reduce`)."""
 
     if config.model.adapter.graph != "onnx":
         raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "

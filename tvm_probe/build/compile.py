@@ -16,9 +16,9 @@ Snapshots (each an ``IRModule``; keeping them costs a reference, IRModules are i
   ``main`` still binds each kernel call to a Var that the earlier snapshots share.  Its kernel
   calls, in order, are the kernel calls the VM makes.
 
-The same instrument records which pass runs when (:class:`~tvm_probe.passes.PassLog`), and
+The same instrument records which pass runs when (:class:`~tvm_probe.build.passes.PassLog`), and
 what TVM prints on stderr goes to ``logging``.  When a pass or the build fails, or TVM warns,
-:mod:`tvm_probe.failures` names the pass or kernel and the source ops concerned.
+:mod:`tvm_probe.diagnose.failures` names the pass or kernel and the source ops concerned.
 """
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
             through ``ToNonDataflow``/``CallTIRRewrite`` (then it is not a VM pipeline).
         TVMCompileError: a pass of the pipeline or the build failed on this model.  The message
             names the pass or kernel, the source ops and TVM's own words; the error carries
-            ``failure`` (:class:`~tvm_probe.failures.TVMFailure`), ``details`` (TVM's whole
+            ``failure`` (:class:`~tvm_probe.diagnose.failures.TVMFailure`), ``details`` (TVM's whole
             message) and ``snapshots`` (what the pipeline produced before it failed).
     """
     failures = diagnosis or _TVMWords

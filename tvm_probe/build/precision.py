@@ -1,4 +1,4 @@
-"""Lowering: ToMixedPrecision before the pipeline, source tags moved, keep_fp32 (see :mod:`tvm_probe.precision`)."""
+"""Lowering: ToMixedPrecision before the pipeline, source tags moved, keep_fp32 (see :mod:`tvm_probe.tools.precision`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

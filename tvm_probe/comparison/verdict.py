@@ -3,7 +3,7 @@
 Every value the comparison is asked about ends in exactly one of four places:
 
 * **passed** / **diverged** — compared with the reference under the rule of
-  :mod:`tvm_probe.tolerance` (NaN agrees with NaN, ±inf only with the same infinity; a NaN or
+  :mod:`tvm_probe.core.tolerance` (NaN agrees with NaN, ±inf only with the same infinity; a NaN or
   infinity on one side only is a divergence, described in the value's ``note``);
 * **unchecked** — asked for but not compared (not served, not captured, no reference value),
   with the reason: this is *not* a pass;
@@ -315,7 +315,7 @@ def compare(results, reference, atol: float | None = None,
         results: a :class:`~tvm_probe.Probe` after ``run``, or a dump from ``load_dump``.
         reference: ``{tensor name: array}``, e.g. from ``onnxruntime_values``, or a Results.
         atol, rtol: one tolerance for every value; defaults by dtype
-            (:func:`tvm_probe.tolerance.default_tolerance`).
+            (:func:`tvm_probe.core.tolerance.default_tolerance`).
         keys: the tensor names asked about (default: every computed value).
         tolerance_for: ``tolerance_for(names)`` → a Tolerance for a value with these names, or
             None to use the default (per-pattern tolerances of a config).

@@ -1,6 +1,6 @@
 """The error types of tvm_probe.
 
-Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_probe.schema.Exit`):
+Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_probe.core.schema.Exit`):
 
 * :class:`ProbeError` and its subclasses are one-line errors about the user's material: a bad
   model file, bad inputs, an unknown name, a damaged dump.  Each names the problem and says what

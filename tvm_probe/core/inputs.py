@@ -1,6 +1,6 @@
 """Checking what a user feeds a model against what it takes, before anything runs.
 
-Every problem is one :class:`~tvm_probe.errors.InputError` line naming the input and what to do.
+Every problem is one :class:`~tvm_probe.core.errors.InputError` line naming the input and what to do.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How far apart two arrays are: one record (:class:`ErrorStats`), one function computing it
 (:func:`error_stats`), one fold over several (:func:`worst`) and one NaN/Inf rule.  numpy only.
 
-The rule, element by element (the same rule :func:`tvm_probe.tolerance.within` passes and fails by):
+The rule, element by element (the same rule :func:`tvm_probe.core.tolerance.within` passes and fails by):
 
 * both sides finite: the difference is ``|got - ref|``;
 * NaN on both sides, or the same infinity on both sides: agreement, difference 0;

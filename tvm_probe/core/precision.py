@@ -1,4 +1,4 @@
-"""What ``precision=`` / YAML ``precision:`` asks for, checked without TVM (see :mod:`tvm_probe.precision`)."""
+"""What ``precision=`` / YAML ``precision:`` asks for, checked without TVM (see :mod:`tvm_probe.tools.precision`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,7 +87,7 @@ def _is_pass(value) -> bool:
 
 def precision_tolerance(config_reference, atol=None, rtol=None):
     """The tolerance reduced-precision outputs are held to: ``atol``/``rtol`` given, else the
-    config's ``reference.atol/rtol``, else float16's default (:func:`tvm_probe.tolerance.default_tolerance`)."""
+    config's ``reference.atol/rtol``, else float16's default (:func:`tvm_probe.core.tolerance.default_tolerance`)."""
 
     f16 = default_tolerance("float16")
     pick = lambda *xs: next(x for x in xs if x is not None)

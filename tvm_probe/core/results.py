@@ -137,7 +137,7 @@ class Results:
         return None
 
     def served(self, name: str) -> Served:
-        """How the value of ``name`` is obtained: a :class:`~tvm_probe.sources.Served`
+        """How the value of ``name`` is obtained: a :class:`~tvm_probe.core.sources.Served`
         (captured, view, recomputed, constant, ...; equal to its word: ``== "recomputed"``)."""
         return self.servings[self.resolve(name)].served
 

@@ -1,7 +1,7 @@
 """Facts the library, the config and the CLI share, each stated once.
 
-Tolerances have their own home (:mod:`tvm_probe.tolerance`), demo sizes theirs
-(:data:`tvm_probe.demo.PRESETS`).
+Tolerances have their own home (:mod:`tvm_probe.core.tolerance`), demo sizes theirs
+(:data:`tvm_probe.importer.demo.PRESETS`).
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ never of the source model's ops, and TVM prints its warnings on stderr.  This mo
 TVM failed or warned and names that place in source terms:
 
 * a **pass fails** (``LegalizeOps`` on an ONNX ``Slice`` with a negative step): the pass is the
-  one the pass instrument saw start and not finish (:class:`~tvm_probe.passes.PassLog`).  A pass that treats each
-  binding on its own (:data:`~tvm_probe.passes.OP_LOCAL_PASSES`) is run again on one binding at a time, each in a
+  one the pass instrument saw start and not finish (:class:`~tvm_probe.build.passes.PassLog`).  A pass that treats each
+  binding on its own (:data:`~tvm_probe.build.passes.OP_LOCAL_PASSES`) is run again on one binding at a time, each in a
   tiny function with the same argument types; the bindings that fail the same way are the ops.
 * the **build fails** (LLVM rejects the code of one kernel): the kernels (PrimFuncs) are built
   again in halves until single kernels are left that fail the same way; the kernel map names

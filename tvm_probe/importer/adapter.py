@@ -48,7 +48,7 @@ class ModelAdapter:
         kind: the registry key (``model: {KIND: ...}`` in YAML).
         described: the kind in a sentence (``"an ONNX model"``).
         reference: the name of the reference that runs it by default
-            (``tvm_probe.reference.get_reference(name)``), or None: none does.
+            (``tvm_probe.comparison.reference.get_reference(name)``), or None: none does.
         config: what YAML ``model: {KIND: VALUE}`` takes: ``"file"`` (a path), ``"factory"``
             (``"file.py:function"`` or ``"package.module:function"``), ``"sizes"`` (a mapping),
             or ``""`` (given in Python only).

@@ -13,7 +13,7 @@ each converter so that a failure names the fx node and aten op.
 
 The program imported is ``torch.export.export(module, args).run_decompositions()``: exactly
 what ``from_exported_program`` converts (it runs the default decompositions itself), built by
-:func:`export_program`, which the eager reference (:mod:`tvm_probe.reference.torch`) uses too.
+:func:`export_program`, which the eager reference (:mod:`tvm_probe.comparison.reference.torch`) uses too.
 
 torch is imported lazily: ``import tvm_probe`` must work without it.
 """
@@ -52,7 +52,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
         import_fixes: rewrite the constructs TVM 0.27 cannot build (see
             :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
         dynamic_shapes: what ``torch.export.export`` takes (``Dim`` per axis): those axes are
-            compiled as symbolic dimensions (``tvm_probe.hf`` uses it for the KV cache length).
+            compiled as symbolic dimensions (``tvm_probe.llm.hf`` uses it for the KV cache length).
 
     Raises:
         ModelError: torch is missing, ``torch.export`` cannot trace the module, or TVM's

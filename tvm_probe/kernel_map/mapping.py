@@ -6,7 +6,7 @@ Inputs: the importer's Var tags and the compile stage's snapshots (see :mod:`tvm
    order: each ``call_tir`` is one kernel call (a node of the dump), each ``R.reshape`` one
    ``vm.builtin.reshape`` (a zero-copy view node).  The VM's calls are matched to these sites by
    ``(symbol, occurrence)``.
-2. **Places.**  The module FuseOps produced is value-numbered (:mod:`tvm_probe.valuenum`), every
+2. **Places.**  The module FuseOps produced is value-numbered (:mod:`tvm_probe.kernel_map.valuenum`), every
    grouped function inlined *per call site* with that site's arguments.  So each kernel output,
    and each tensor a fused kernel keeps inside, has a number that says what it computes.
 3. **Source values.**  Each tagged Var of the imported module is followed through the snapshots
@@ -311,7 +311,7 @@ def _symbols_in(dims) -> list:
 def classify(sources, kmap: KernelMap, num_inputs: int) -> Servings:
     """How this build serves every source value, from where ``kmap`` placed it.
 
-    The table is the build's own (the :class:`~tvm_probe.sources.SourceMap` is not touched), so
+    The table is the build's own (the :class:`~tvm_probe.core.sources.SourceMap` is not touched), so
     one imported model can be compiled and served by several probes.  "Dead code" (UNAVAILABLE)
     is said only of values no model output depends on in the source graph; a live value without
     a place is UNKNOWN (and ``kmap.lost`` says why).

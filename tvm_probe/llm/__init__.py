@@ -2,7 +2,7 @@
 
 ``reference_generate`` (:mod:`.reference`), ``compare_generation`` (:mod:`.compare`), the step ×
 layer table and plot (:mod:`.render`), the ``tvm-probe run`` job (:mod:`.investigate`);
-:mod:`.hf` (also ``tvm_probe.hf``) gathers every LLM name, the export and generation included.
+:mod:`.hf` (also ``tvm_probe.llm.hf``) gathers every LLM name, the export and generation included.
 """
 from .compare import GenerationComparison, compare_generation
 from .investigate import GenerationOutcome, investigate_generation

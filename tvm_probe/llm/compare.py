@@ -17,7 +17,7 @@ class GenerationComparison:
     Truthy when every compared value of every call is within tolerance and every token agrees.
 
     Attributes:
-        calls: the :class:`~tvm_probe.calls.CallsComparison` (one Comparison per call).
+        calls: the :class:`~tvm_probe.probe.calls.CallsComparison` (one Comparison per call).
         tokens, reference_tokens: the two generations.
         first_token_step: the first step whose token differs, or None.
     """

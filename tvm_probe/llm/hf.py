@@ -1,4 +1,4 @@
-"""``tvm_probe.hf`` (this module): every name of the LLM work in one place, as docs/llm.md uses them.
+"""``tvm_probe.llm.hf`` (this module): every name of the LLM work in one place, as docs/llm.md uses them.
 
 The work itself lives by stage: the export with a functional KV cache and the import of prefill
 and decode in :mod:`tvm_probe.importer.hf`; greedy generation through the probe in

@@ -165,7 +165,7 @@ class CallArguments:
 # -- comparison per call -------------------------------------------------------------------------
 class CallComparison(NamedTuple):
     """One call compared: its number, the function it ran, and the
-    :class:`~tvm_probe.compare.Comparison` of its values."""
+    :class:`~tvm_probe.comparison.Comparison` of its values."""
 
     call: int
     function: str
@@ -174,7 +174,7 @@ class CallComparison(NamedTuple):
 
 class CallDivergence(NamedTuple):
     """Where a run of calls first diverges: the call, and its first divergent value (a
-    :class:`~tvm_probe.compare.ValueComparison`)."""
+    :class:`~tvm_probe.comparison.ValueComparison`)."""
 
     call: int
     value: Any
@@ -182,7 +182,7 @@ class CallDivergence(NamedTuple):
 
 @dataclass
 class CallsComparison:
-    """One :class:`~tvm_probe.compare.Comparison` per call, in call order; truthy when all are.
+    """One :class:`~tvm_probe.comparison.Comparison` per call, in call order; truthy when all are.
 
     Attributes:
         by_call: a :class:`CallComparison` per call compared.

@@ -46,9 +46,9 @@ class Constructors:
                 :attr:`import_fixes` lists those used.  Defaults to True.
             remote: run on a remote device over TVM RPC: ``{"host": H, "port": P}`` or
                 ``{"tracker": "H:P", "key": K}`` of a ``tvm-probe serve`` (see
-                :mod:`tvm_probe.remote`).  Defaults to None (this machine).
+                :mod:`tvm_probe.capture.remote`).  Defaults to None (this machine).
             precision: build in reduced precision: ``"fp16"``, ``{"dtype": "fp16", "keep_fp32":
-                [source names]}`` or a ``tvm.transform.Pass`` (see :mod:`tvm_probe.precision`);
+                [source names]}`` or a ``tvm.transform.Pass`` (see :mod:`tvm_probe.tools.precision`);
                 the same source names are served from that build.  Defaults to None (as imported).
         """
         return cls.from_model(model, "onnx", target, pipeline, remote, precision, shapes=shapes,

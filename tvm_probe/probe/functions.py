@@ -21,7 +21,7 @@ def function_built(built, function: str):
 
 
 class KVCaches:
-    """The paged KV caches of one function (:class:`tvm_probe.kv_cache.CacheLayout`s) and the
+    """The paged KV caches of one function (:class:`tvm_probe.importer.kv_cache.CacheLayout`s) and the
     names of their keys and values (``paged_kv_cache.layers.0.k``...)."""
 
     def __init__(self, func):

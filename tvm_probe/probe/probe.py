@@ -45,12 +45,12 @@ class Probe(Constructors, Results, Viewable):
     :attr:`nodes`, :meth:`dump`.  The executable that runs is exactly what
     ``tvm.compile(mod, target, pipeline)`` builds.
 
-    ``remote=`` runs it on a remote device over TVM RPC (see :mod:`tvm_probe.remote`): the
+    ``remote=`` runs it on a remote device over TVM RPC (see :mod:`tvm_probe.capture.remote`): the
     executable is uploaded once, every run brings its captures back, and everything else
     (``get``, dumps, reports) is the same.
     """
 
-    #: How the module was converted to reduced precision (a :class:`tvm_probe.precision.Lowered`), or None.
+    #: How the module was converted to reduced precision (a :class:`tvm_probe.tools.precision.Lowered`), or None.
     precision = None
     #: For a probe made by :meth:`from_hf`: its model, cache layout and generations
     #: (:class:`tvm_probe.importer.hf.HFModel`); None otherwise.
@@ -58,7 +58,7 @@ class Probe(Constructors, Results, Viewable):
 
     def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None,
                  precision=None):
-        """``precision``: the :class:`~tvm_probe.precision.Lowered` record of a model lowered before
+        """``precision``: the :class:`~tvm_probe.tools.precision.Lowered` record of a model lowered before
         ``built`` was compiled (what :meth:`from_imported` makes with ``precision=``)."""
         self.imported, self.built, self.kernel_map = imported, built, kernel_map
         self._executor = DebugExecutor(built, kernel_map, sources=imported.sources, remote=remote,
@@ -109,7 +109,7 @@ class Probe(Constructors, Results, Viewable):
     def generate(self, input_ids, steps: int, capture: CaptureSpec = "all") -> list[int]:
         """``steps`` new token ids, greedy, from the compiled executable (call 0: the prefill,
         calls 1..steps-1: decode steps; read values with ``get(name, call=k)``).  Only for a
-        probe made by :meth:`from_hf`; :func:`tvm_probe.hf.compare_generation` checks it."""
+        probe made by :meth:`from_hf`; :func:`tvm_probe.llm.hf.compare_generation` checks it."""
         return generate(self, input_ids, steps, capture)
 
     # -- multi-function executables ------------------------------------------------------------
@@ -174,7 +174,7 @@ class Probe(Constructors, Results, Viewable):
 
     @property
     def kv_layouts(self) -> list:
-        """The paged KV caches this function attends with (:class:`tvm_probe.kv_cache.CacheLayout`)."""
+        """The paged KV caches this function attends with (:class:`tvm_probe.importer.kv_cache.CacheLayout`)."""
         return self._kv_caches().layouts
 
     def _kv_caches(self) -> KVCaches:
@@ -207,7 +207,7 @@ class Probe(Constructors, Results, Viewable):
 
     @property
     def call_records(self) -> tuple[CallRecord, ...]:
-        """Every :meth:`call`'s :class:`~tvm_probe.calls.CallRecord`, in call order; those
+        """Every :meth:`call`'s :class:`~tvm_probe.probe.calls.CallRecord`, in call order; those
         dropped by :meth:`forget_calls` have ``capture=None`` (:meth:`call_record` refuses them)."""
         return tuple(self._calls.records)
 
@@ -269,7 +269,7 @@ class Probe(Constructors, Results, Viewable):
         """Compare one call (default: the last) with ``reference`` (``{name: array}``, e.g. from
         PyTorch forward hooks, by module path); ``name_map`` maps reference names to this
         model's where the two models' paths differ.  Returns a
-        :class:`~tvm_probe.compare.Comparison`.  :func:`tvm_probe.calls.compare_calls` does
+        :class:`~tvm_probe.comparison.Comparison`.  :func:`tvm_probe.probe.calls.compare_calls` does
         several calls at once (a report per call)."""
         return compare_call(self, reference, call, name_map, atol, rtol)
 
@@ -324,7 +324,7 @@ class Probe(Constructors, Results, Viewable):
     @property
     def instrument(self) -> str | None:
         """Which capture instrument ran the last :meth:`run`: ``"native"`` (C++, see
-        :mod:`tvm_probe.native`) or ``"python"``; None before the first run.  Also in
+        :mod:`tvm_probe.capture.native`) or ``"python"``; None before the first run.  Also in
         ``probe.nodes.attrs["instrument"]``."""
         return self._capture.instrument if self._capture is not None else None
 
@@ -350,7 +350,7 @@ class Probe(Constructors, Results, Viewable):
         The probe's last run is left as it was: ``get`` still answers for the run before.
 
         Returns:
-            A :class:`~tvm_probe.verify.Verification`, truthy when nothing disagreed;
+            A :class:`~tvm_probe.probe.verify.Verification`, truthy when nothing disagreed;
             ``.summary()`` is one line.
         """
         saved = {name: getattr(self, name) for name in _RUN_STATE if hasattr(self, name)}
@@ -386,9 +386,9 @@ class Probe(Constructors, Results, Viewable):
                 every call is timed in a probe's first run (through TVM's instrument, which checks
                 the call sequence) and in runs capturing everything; a run capturing nothing or a
                 selection observes only the selected kernels and times nothing, which costs a
-                plain run almost nothing (see :mod:`tvm_probe.kernel_hook`).  True times every
+                plain run almost nothing (see :mod:`tvm_probe.capture.kernel_hook`).  True times every
                 call; False never asks for it.
-            instrument: your own :class:`~tvm_probe.instrument.Instrument`, called around
+            instrument: your own :class:`~tvm_probe.capture.instrument.Instrument`, called around
                 every kernel call with its call site and source names.
             stream_to: a dump folder: each copied tensor is written there as soon as the
                 kernel produced it, so peak memory stays near the model's own; the dump is

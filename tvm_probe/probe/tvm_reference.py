@@ -4,8 +4,8 @@ fp16 search is held to.
 
 :class:`TVMBuildReference` is the registered reference ``tvm``.  It builds the model with its own
 target and pipeline and serves every value a run of that build serves, keyed by source name like
-any reference.  It needs the :class:`~tvm_probe.probe.Probe`, above :mod:`tvm_probe.reference` in
-the layer order, so it lives here and registers itself when :func:`~tvm_probe.reference.get_reference`
+any reference.  It needs the :class:`~tvm_probe.probe.Probe`, above :mod:`tvm_probe.comparison.reference` in
+the layer order, so it lives here and registers itself when :func:`~tvm_probe.comparison.reference.get_reference`
 first asks for ``tvm`` (importing this module imports no TVM either).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class TVMBuildReference(Reference):
 
     def values_for(self, probe, model, inputs):
         """The run of this build of ``probe``'s imported model: compared value by value by
-        source name (:class:`~tvm_probe.compare.ResultsReference`)."""
+        source name (:class:`~tvm_probe.comparison.ResultsReference`)."""
         return self.run(probe.imported, inputs)
 
 

@@ -97,7 +97,7 @@ def verify(probe, inputs) -> Verification:
 
 def _difference(got: np.ndarray, ref: np.ndarray) -> str:
     """'' when ``got`` equals ``ref`` within the dtype's default tolerance, else what differs (in
-    the words of :mod:`tvm_probe.compare`)."""
+    the words of :mod:`tvm_probe.comparison`)."""
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return f"{got.dtype}{list(got.shape)} served, {ref.dtype}{list(ref.shape)} computed"

@@ -1,7 +1,7 @@
 """Reports of one run: tables as CSV, one self-contained HTML page, the graph as Graphviz DOT/SVG.
 
-Everything here reads the plain data of :class:`~tvm_probe.results.Results` (a live Probe or a
-dump read back) and, optionally, a :class:`~tvm_probe.compare.Comparison`; nothing needs TVM.
+Everything here reads the plain data of :class:`~tvm_probe.core.results.Results` (a live Probe or a
+dump read back) and, optionally, a :class:`~tvm_probe.comparison.Comparison`; nothing needs TVM.
 The HTML page has no external resources: CSS is inline and both plots (error per op along the
 model, time per kernel) are SVG drawn here, so the page opens offline and matplotlib is not
 needed.  The graph SVG comes from Graphviz's ``dot`` when it is installed, else from
@@ -34,7 +34,7 @@ def nodes_table(results, comparison=None):
     """DataFrame, one row per graph node: :attr:`Results.nodes` plus ``view`` and ``inputs``.
 
     ``inputs`` lists the producing node of each argument.  With a ``comparison``, ``status``
-    (passed / first divergent / diverged / unchecked: the words of :class:`~tvm_probe.compare.Status`) and ``max_abs`` (worst error of the node's
+    (passed / first divergent / diverged / unchecked: the words of :class:`~tvm_probe.comparison.Status`) and ``max_abs`` (worst error of the node's
     values) say how the node's values compared.
     """
     table = results.nodes  # a fresh DataFrame each time: safe to extend
@@ -392,7 +392,7 @@ def _time_plot(results, height: int = 220) -> str:
 def precision_ranking_html(analysis, keep_fp32=(), lines=()) -> str:
     """An HTML section: the source ops of a reduced-precision build ranked by the error each adds
     by itself (local), beside the error it inherits and its inf/NaN/flushed-to-zero counts; the
-    ops kept in fp32 marked.  ``analysis`` is a :class:`tvm_probe.precision.PrecisionAnalysis`."""
+    ops kept in fp32 marked.  ``analysis`` is a :class:`tvm_probe.tools.precision.PrecisionAnalysis`."""
     esc = html.escape
     table = analysis.table()
     table.insert(1, "keep_fp32", table["name"].isin(list(keep_fp32)))
@@ -406,7 +406,7 @@ def precision_ranking_html(analysis, keep_fp32=(), lines=()) -> str:
 
 def write_precision_report(folder, search) -> dict[str, Path]:
     """``ranking.csv`` and ``precision.html`` for what ``tvm-probe precision`` found
-    (a :class:`tvm_probe.precision.Search`)."""
+    (a :class:`tvm_probe.tools.precision.Search`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     csv = _write_atomic(folder / "ranking.csv", search.analysis.table().to_csv(index=False))

@@ -159,7 +159,7 @@ def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
 
 
 def _atol(tolerance: str) -> float | None:
-    """``atol`` out of a tolerance as :class:`~tvm_probe.tolerance.Tolerance` prints it."""
+    """``atol`` out of a tolerance as :class:`~tvm_probe.core.tolerance.Tolerance` prints it."""
     if tolerance == "exact":
         return 0.0
     m = re.match(r"atol ([^,]+),", tolerance or "")
@@ -525,7 +525,7 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
 
     Args:
         results: a :class:`~tvm_probe.Probe` after a run, or a dump (:func:`~tvm_probe.load_dump`).
-        comparison: the :class:`~tvm_probe.compare.Comparison` to show; None: the dump is
+        comparison: the :class:`~tvm_probe.comparison.Comparison` to show; None: the dump is
             compared with the reference of the model it records (onnxruntime / TFLite), on its
             own inputs, as ``tvm-probe compare`` does; a live probe without one shows no errors.
         model: the source model (path or ``onnx.ModelProto``) when the run does not record it.

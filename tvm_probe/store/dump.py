@@ -455,7 +455,7 @@ class DumpReader(Results, Viewable):
 
     @property
     def compile_warnings(self) -> list:
-        """TVM's compile warnings with the source ops they concern (:class:`~tvm_probe.failures.CompileWarning`)."""
+        """TVM's compile warnings with the source ops they concern (:class:`~tvm_probe.diagnose.failures.CompileWarning`)."""
         return [CompileWarning.from_record(r) for r in getattr(self, "_warning_records", [])]
 
     @property

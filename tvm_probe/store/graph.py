@@ -25,7 +25,7 @@ debug executor wrote nodes this way).  :func:`chrome_trace` / :func:`read_times`
 the trace: tvm_probe's names each kernel's node in ``args.node``; TVM's has one begin/end pair per
 node, inputs included, in node order.
 
-Everything here is plain JSON and :class:`~tvm_probe.results.NodeInfo`; no TVM.
+Everything here is plain JSON and :class:`~tvm_probe.core.results.NodeInfo`; no TVM.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Such a dump is a folder ``<root>/_tvmdbg_device_<DEV>_<n>/`` (``_tvmdbg_ctx_...`
 holding ``_tvmdbg_graph_dump.json`` (see :mod:`.graph`), ``output_tensors.params`` (every node's
 outputs, inputs and weights included) and ``_tvmdbg_execution_trace.json``.  It knows nothing
 of the source model: no manifest, no source names.  Here every node output becomes a
-:class:`~tvm_probe.sources.SourceValue` named after its node (``node:k`` for output k of a node
+:class:`~tvm_probe.core.sources.SourceValue` named after its node (``node:k`` for output k of a node
 with several), so ``get(node name)`` and ``get_node_output(i)`` work, and the reader says that
 source names are not known.
 

@@ -68,7 +68,7 @@ class Stage:
         return self.probe_on(device).run({name: values[name] for name in self.inputs}, capture=capture)
 
     def probe_on(self, device=None):
-        """This stage's probe on ``device`` (a remote, see :mod:`tvm_probe.remote`; None: this
+        """This stage's probe on ``device`` (a remote, see :mod:`tvm_probe.capture.remote`; None: this
         machine).  The compiled stage is uploaded once per device, not compiled again."""
         if device is None:
             return self.probe
@@ -306,7 +306,7 @@ def run_pipeline(plan: SplitPlan | Sequence[Stage], inputs: Mapping[str, np.ndar
             (``plan.stages[1].probe_on(device).get(...)``).
         devices: where each stage runs, one entry per stage: None (this machine) or a remote
             device (``{"host": H, "port": P}`` or ``{"tracker": "H:P", "key": K}``, see
-            :mod:`tvm_probe.remote`).  Defaults to every stage here.
+            :mod:`tvm_probe.capture.remote`).  Defaults to every stage here.
 
     Returns:
         The model outputs.  On a SplitPlan, :attr:`SplitPlan.cut_costs` (and

@@ -1,7 +1,7 @@
 """References: independent evaluations of the source model, keyed like tvm_probe's source values.
 
 A :class:`Reference` runs the *source* model — not anything TVM built — on the same inputs and
-returns ``{source key: value}``; :func:`tvm_probe.compare.compare` judges a probe against it.
+returns ``{source key: value}``; :func:`tvm_probe.comparison.compare` judges a probe against it.
 The built-in ones are registered here by name (what YAML ``reference:`` and ``compare`` accept):
 
 * ``onnxruntime`` — ONNX (and demo) models, every intermediate tensor (:mod:`.onnxruntime`);
@@ -61,7 +61,7 @@ class Reference:
     """An independent evaluation of a source model.
 
     Subclasses set :attr:`name` (the registry key) and :attr:`model_kinds` (the model kinds of
-    :class:`tvm_probe.schema.ModelKind` it can run), and implement :meth:`values`.
+    :class:`tvm_probe.core.schema.ModelKind` it can run), and implement :meth:`values`.
     """
 
     #: the name it is registered and chosen under (``reference: NAME`` in YAML)
@@ -83,7 +83,7 @@ class Reference:
         return str(model_kind) in self.model_kinds
 
     def values_for(self, probe, model: Any, inputs: Mapping[str, np.ndarray]):
-        """What :func:`tvm_probe.compare.compare` judges ``probe`` against: :meth:`values` of
+        """What :func:`tvm_probe.comparison.compare` judges ``probe`` against: :meth:`values` of
         ``model`` on ``inputs``.  A reference that is itself a TVM build overrides it to reuse the
         probe's imported model and return its run (compared by source name, with why a value it
         does not serve is unchecked)."""

@@ -162,7 +162,7 @@ def compare_tf_names(results, tf_values: Mapping[str, np.ndarray], converted: Ma
         atol, rtol: one tolerance for every value (default: by dtype).
 
     Returns:
-        A :class:`~tvm_probe.compare.Comparison` with one entry per lined-up TF name (``name``
+        A :class:`~tvm_probe.comparison.Comparison` with one entry per lined-up TF name (``name``
         is the TF name, ``key`` the model's tensor), in the model's source order.
     """
     owners = _exact_names(results)

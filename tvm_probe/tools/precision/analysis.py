@@ -1,4 +1,4 @@
-"""Local against inherited error of every source op of a reduced-precision build (see :mod:`tvm_probe.precision`)."""
+"""Local against inherited error of every source op of a reduced-precision build (see :mod:`tvm_probe.tools.precision`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""The search for the ops to keep in fp32, and ``tvm-probe precision`` (see :mod:`tvm_probe.precision`)."""
+"""The search for the ops to keep in fp32, and ``tvm-probe precision`` (see :mod:`tvm_probe.tools.precision`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -109,7 +109,7 @@ def find_keep_fp32(imported, inputs, target=DEFAULT_TARGET, pipeline=DEFAULT_PIP
         reference: expected model outputs by name (onnxruntime's, ...); defaults to the fp32
             TVM build's (:class:`~tvm_probe.probe.tvm_reference.TVMBuildReference` of ``target`` and
             ``pipeline``, the build the local errors are measured against too).
-        tolerance: a :class:`~tvm_probe.tolerance.Tolerance`; defaults to float16's default.
+        tolerance: a :class:`~tvm_probe.core.tolerance.Tolerance`; defaults to float16's default.
         progress: called with a short text before each build.
         rank_passing: rank the ops by local error even when the plain build passes (one more
             build: the module of every op's slices); without it, a passing build has no ranking.

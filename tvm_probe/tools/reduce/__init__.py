@@ -14,7 +14,7 @@ strict:
   disagreements at the same positions;
 * a *compile failure*: TVM's ONNX importer (or ``tvm.compile``) raises the same exception type
   with the same message, up to its numbers (Relax temporaries, registers, addresses, source
-  lines: :func:`tvm_probe.errors.failure_identity`, the rule the compile diagnosis uses too).
+  lines: :func:`tvm_probe.core.errors.failure_identity`, the rule the compile diagnosis uses too).
 
 **How.**  ONNX stores nodes in topological order.  The search first checks that the whole
 model, rebuilt as a sub-model, still fails; for a divergence it then tries the failing node

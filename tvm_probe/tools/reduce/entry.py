@@ -42,7 +42,7 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
             ``{"tvm": {"target": ..., "pipeline": ...}}``.
         out_dir: write the reproduction folder there (see :meth:`Reduction.write`).
         overwrite, verify: passed to :meth:`Reduction.write`.
-        tolerance: one :class:`~tvm_probe.tolerance.Tolerance` for every value; defaults to
+        tolerance: one :class:`~tvm_probe.core.tolerance.Tolerance` for every value; defaults to
             the dtype's.
         progress: called with a :class:`ReduceStep` after each sub-model tried; a bar can
             show ``step.total - step.best`` of ``step.total - 1`` nodes removed.

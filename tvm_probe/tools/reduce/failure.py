@@ -117,7 +117,7 @@ class CompileFailure:
     @property
     def core(self) -> str:
         """The failure's identity: type and message without what varies between equal failures
-        (:func:`tvm_probe.errors.failure_identity`, the one rule)."""
+        (:func:`tvm_probe.core.errors.failure_identity`, the one rule)."""
 
         return failure_identity(self.error_type, self.message)
 
@@ -144,7 +144,7 @@ Failure = Divergence | CompileFailure
 def find_divergence(value, got, ref, tolerance: Tolerance | None = None) -> Divergence | None:
     """How ``got`` (TVM) disagrees with ``ref`` for source value ``value``; None when it agrees.
 
-    ``tolerance`` defaults to the dtype's (:func:`~tvm_probe.tolerance.default_tolerance`).
+    ``tolerance`` defaults to the dtype's (:func:`~tvm_probe.core.tolerance.default_tolerance`).
     """
     got, ref = np.asarray(got), np.asarray(ref)
     tol = tolerance or default_tolerance(ref.dtype)
