@@ -22,10 +22,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..verdict import Comparison, compare_arrays
+from ...core.errors import InputError, ModelError, ProbeError, one_line
 from ...core.tolerance import Tolerance
-from ...core.errors import InputError, ModelError, one_line
 from ...importer.tflite import load_tflite, signature_keys, tensor_keys
+from ..verdict import Comparison, compare_arrays
 
 _NO_INTERPRETER = ("no TFLite interpreter is installed: pip install 'tvm_probe[tflite]' "
                    "(ai-edge-litert; tflite-runtime or tensorflow work too)")
@@ -195,8 +195,6 @@ def _exact_names(results) -> dict[str, str]:
 
 
 def _compare_one(results, key: str, tf_name: str, ref: np.ndarray, converted, tolerance, out: Comparison) -> None:
-    from ...core.errors import ProbeError
-
     try:
         got = results.get_tensor(key)
     except ProbeError as err:
