@@ -157,3 +157,18 @@ def test_version_names_tvm_probe_and_the_tvm_it_runs_on():
     out = run_cli("--version")
     assert out.returncode == 0
     assert out.stdout.strip() == f"tvm-probe {tvm_probe.__version__} (apache-tvm {metadata.version('apache-tvm')})"
+
+
+def test_get_says_what_it_prints_and_saves_with_npy(demo_run, tmp_path):
+    """``get`` names the value, its dtype, shape and how it was served before printing it."""
+    dump = demo_run[1] / "dump"
+    name = "layer_._0/attention/self/MatMul"
+    reader = load_dump(dump)
+    key, value = reader.resolve(name), reader.get(name)
+    header = f"{name} ({key}): {value.dtype} {list(value.shape)}, served: {reader.servings[key].served.value}"
+    shown = run_cli("get", dump, name)
+    assert shown.returncode == 0 and shown.stdout.splitlines()[0] == header
+    saved = tmp_path / "v.npy"
+    kept = run_cli("get", dump, name, "--npy", saved)
+    assert kept.stdout.splitlines() == [header, f"saved to {saved}"]
+    np.testing.assert_array_equal(np.load(saved), value)

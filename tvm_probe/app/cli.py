@@ -25,6 +25,8 @@ import signal
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from .. import __version__
 from ..capture.remote import Server
 from ..comparison.dump import compare_dump
@@ -95,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     get = command("get", help="print or save one value from a dump")
     get.add_argument("dump", type=Path)
     get.add_argument("name", help="node name, tensor name, module path, or a unique '/'-suffix of one")
-    get.add_argument("-o", "--output", type=Path, help="save as .npy instead of printing")
+    get.add_argument("-o", "--npy", "--output", dest="output", type=Path, metavar="FILE",
+                     help="save as .npy instead of printing")
 
     cmp = command("compare", help="compare a dump with the reference of its model on the dumped inputs",
                   epilog=EXIT_HELP)
@@ -205,16 +208,25 @@ def _cmd_ls(args, progress) -> int:
 
 
 def _cmd_get(args, progress) -> int:
-    import numpy as np
-
-
-    value = load_dump(args.dump).get(args.name)
+    reader = load_dump(args.dump)
+    value = reader.get(args.name)
+    print(_value_header(reader, args.name, value))
     if args.output:
         np.save(args.output, value)
-        print(f"{args.name}: {value.dtype}{list(value.shape)} saved to {args.output}")
+        print(f"saved to {args.output}")
     else:
         print(np.array2string(value, threshold=200, edgeitems=3))
     return Exit.OK
+
+
+def _value_header(reader, name: str, value) -> str:
+    """``NAME: float32 [1, 8, 32], served: captured`` (the source key too, where the name was
+    another spelling of it)."""
+    key = reader.resolve(name)
+    serving = reader.servings.get(key)
+    served = f", served: {serving.served.value}" if serving is not None else ""
+    named = name if key == name else f"{name} ({key})"
+    return f"{named}: {value.dtype} {list(value.shape)}{served}"
 
 
 def _cmd_compare(args, progress) -> int:

@@ -46,7 +46,7 @@ def _cache_class():
     try:
         from transformers.cache_utils import DynamicCache, DynamicLayer
     except ImportError:
-        raise ModelError("transformers is not installed: pip install transformers") from None
+        raise ModelError("transformers is not installed: pip install 'tvm_probe[hf]'") from None
     return DynamicCache, DynamicLayer
 
 
