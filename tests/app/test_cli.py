@@ -172,3 +172,12 @@ def test_get_says_what_it_prints_and_saves_with_npy(demo_run, tmp_path):
     kept = run_cli("get", dump, name, "--npy", saved)
     assert kept.stdout.splitlines() == [header, f"saved to {saved}"]
     np.testing.assert_array_equal(np.load(saved), value)
+
+
+def test_an_unknown_name_points_to_tvm_probe_ls(demo_run):
+    """The CLI's hint names its own command, not Python's ``probe.sources``."""
+    dump = demo_run[1] / "dump"
+    for args in (("get", dump, "no/such/value"), ("ls", dump, "no/such*")):
+        out = run_cli(*args)
+        assert out.returncode == 2 and out.stderr.strip().endswith(f"(list names with: tvm-probe ls {dump})")
+        assert "probe.sources" not in out.stderr

@@ -31,7 +31,7 @@ from .. import __version__
 from ..capture.remote import Server
 from ..comparison.dump import compare_dump
 from ..comparison.verdict import compare
-from ..core.errors import ProbeError, TVMError, one_line
+from ..core.errors import ProbeError, TVMError, UnknownNameError, one_line
 from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import EXIT_HELP, Exit
 from ..core.tolerance import default_tolerance
@@ -203,13 +203,20 @@ def _print_worst(comparison, n: int = 5) -> None:
 
 
 def _cmd_ls(args, progress) -> int:
-    print(load_dump(args.dump).find(args.pattern).to_string(index=False))
+    try:
+        found = load_dump(args.dump).find(args.pattern)
+    except UnknownNameError as err:
+        raise err.listed_by(f"list names with: tvm-probe ls {args.dump}") from None
+    print(found.to_string(index=False))
     return Exit.OK
 
 
 def _cmd_get(args, progress) -> int:
     reader = load_dump(args.dump)
-    value = reader.get(args.name)
+    try:
+        value = reader.get(args.name)
+    except UnknownNameError as err:
+        raise err.listed_by(f"list names with: tvm-probe ls {args.dump}") from None
     print(_value_header(reader, args.name, value))
     if args.output:
         np.save(args.output, value)

@@ -17,7 +17,7 @@ import numpy as np
 from ..capture.remote import connect
 from ..comparison.reference import get_reference, is_no_reference
 from ..comparison.verdict import compare
-from ..core.errors import NameLookupError
+from ..core.errors import NameLookupError, UnknownNameError
 from ..core.metrics import error_stats, worst
 from ..core.names import NameIndex
 from ..core.precision import PrecisionError, precision_tolerance
@@ -89,6 +89,9 @@ def _check_capture(config: Config, imported) -> None:
     for pattern in config.capture:
         try:
             index.match(pattern)
+        except UnknownNameError as err:  # no dump yet to list: the names are those `tvm-probe ls` shows
+            raise ConfigError(f"{config.source}: capture: {err.listed_by('names as tvm-probe ls lists them')}") \
+                from None
         except NameLookupError as err:
             raise ConfigError(f"{config.source}: capture: {err}") from None
 

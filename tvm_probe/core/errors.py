@@ -62,7 +62,20 @@ class NameLookupError(ProbeError, KeyError):
 
 
 class UnknownNameError(NameLookupError):
-    """No source value has this name."""
+    """No source value has this name.
+
+    ``what`` says which name; ``hint`` where to list the names (Python's by default; the CLI
+    names its own command, :meth:`listed_by`)."""
+
+    PYTHON_HINT = "list names with probe.sources"
+
+    def __init__(self, what: str, hint: str | None = PYTHON_HINT):
+        super().__init__(f"{what} ({hint})" if hint else what)
+        self.what = what
+
+    def listed_by(self, hint: str) -> "UnknownNameError":
+        """The same error, pointing to ``hint`` for the list of names."""
+        return type(self)(self.what, hint)
 
 
 class AmbiguousNameError(NameLookupError):

@@ -76,7 +76,7 @@ class NameIndex:
 
     def _resolve(self, name: str) -> str:
         if not isinstance(name, str) or not name.strip():
-            raise UnknownNameError(f"empty name {name!r}: give a node or tensor name (see probe.sources)")
+            raise UnknownNameError(f"empty name {name!r}: give a node or tensor name")
         kind, bare = split_kind(name)
         kinds = (kind,) if kind else KINDS
         exact = self._exact(bare, kinds)
@@ -106,7 +106,7 @@ class NameIndex:
         kind, bare = split_kind(pattern)
         hits = self._lookup(bare, (kind,) if kind else KINDS, lambda n: name_matches(n, bare))
         if not hits:
-            raise UnknownNameError(f"pattern {pattern!r} matches no source value (list names with probe.sources)")
+            raise UnknownNameError(f"pattern {pattern!r} matches no source value")
         return hits
 
     # -- helpers --------------------------------------------------------------------------------
@@ -134,10 +134,10 @@ class NameIndex:
 
     def _unknown(self, name: str, bare: str) -> UnknownNameError:
         if bare in self._notes:
-            return UnknownNameError(f"{name!r} has no value: {self._notes[bare]}")
+            return UnknownNameError(f"{name!r} has no value: {self._notes[bare]}", hint=None)
         hint = closest(bare, self.names)
         more = f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else ""
-        return UnknownNameError(f"no source value is named {name!r}{more} (list names with probe.sources)")
+        return UnknownNameError(f"no source value is named {name!r}{more}")
 
 
 def names_of(value: SourceValue) -> list[tuple[str, str]]:

@@ -102,7 +102,7 @@ class Results:
         a node name equal to another value's tensor name.
         """
         if key not in self.sources_map:
-            raise UnknownNameError(f"no source value has the tensor name {key!r} (see the tensor column of sources)")
+            raise UnknownNameError(f"no source value has the tensor name {key!r}", hint="see the tensor column of sources")
         return self._value(key)
 
     def get_all(self, pattern: str) -> dict[str, np.ndarray]:
