@@ -140,3 +140,12 @@ def test_the_default_reference_is_the_one_the_model_kind_names(tmp_path):
         path = tmp_path / "c.yaml"
         path.write_text(text)
         assert load_config(path).reference.runtime == runtime
+
+
+def test_a_key_a_set_made_is_blamed_on_the_set(tmp_path):
+    """``--set foo.bar=1`` makes ``foo``: the problem is the --set's, not a line of the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {demo: {}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["foo.bar=1"])
+    assert str(err.value).startswith("--set foo.bar=1: foo: unknown key; valid keys here: model,")

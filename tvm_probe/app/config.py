@@ -278,6 +278,8 @@ class _Validator:
         text = f"{'.'.join(map(str, keys)) or '(top)'}: {message}"
         setter = next((self.overridden[keys[:n]] for n in range(len(keys), 0, -1) if keys[:n] in self.overridden),
                       None)
+        if setter is None and keys not in self.lines:  # a key the file lacks, made by a --set below it
+            setter = next((item for path, item in self.overridden.items() if path[:len(keys)] == keys), None)
         if setter is not None:
             self.problems.append((0, f"--set {setter}", text))
             return
