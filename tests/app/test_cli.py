@@ -181,3 +181,16 @@ def test_an_unknown_name_points_to_tvm_probe_ls(demo_run):
         out = run_cli(*args)
         assert out.returncode == 2 and out.stderr.strip().endswith(f"(list names with: tvm-probe ls {dump})")
         assert "probe.sources" not in out.stderr
+
+
+def test_ls_lists_computed_values_first_and_filters_by_kind(demo_run):
+    dump = demo_run[1] / "dump"
+    table = load_dump(dump).sources
+    listed = run_cli("ls", dump)
+    kinds = [line.split()[3] for line in listed.stdout.splitlines()[1:]]  # name, tensor, op_type, kind
+    order = {"value": 0, "input": 1, "constant": 2, "param": 3}
+    assert listed.returncode == 0 and len(kinds) == len(table)
+    assert kinds == sorted(kinds, key=order.__getitem__) and kinds[0] == "value" and kinds[-1] == "param"
+    inputs = run_cli("ls", dump, "--kind", "input")
+    assert [line.split()[0] for line in inputs.stdout.splitlines()[1:]] == \
+        list(table[table["kind"] == "input"]["name"])

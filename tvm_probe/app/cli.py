@@ -34,6 +34,7 @@ from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, UnknownNameError, one_line
 from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import EXIT_HELP, Exit
+from ..core.sources import Kind
 from ..core.tolerance import default_tolerance
 from ..llm import GenerationOutcome
 from ..show.report import write_graph, write_report
@@ -93,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("dump", type=Path)
     ls.add_argument("pattern", nargs="?", default="*",
                     help="glob over every name of a value: node, tensor, module path (default: *)")
+    ls.add_argument("--kind", action="append", choices=[k.value for k in LS_ORDER], metavar="KIND",
+                    help=f"only values of this kind ({', '.join(k.value for k in LS_ORDER)}; repeat for several)")
 
     get = command("get", help="print or save one value from a dump")
     get.add_argument("dump", type=Path)
@@ -202,13 +205,31 @@ def _print_worst(comparison, n: int = 5) -> None:
         print(worst[["name", "served", "status", "max_abs", "cosine", "note"]].to_string(index=False))
 
 
+#: ``ls`` lists what the run computed first, weights last.
+LS_ORDER = (Kind.VALUE, Kind.INPUT, Kind.CONSTANT, Kind.PARAM)
+
+
 def _cmd_ls(args, progress) -> int:
     try:
         found = load_dump(args.dump).find(args.pattern)
     except UnknownNameError as err:
         raise err.listed_by(f"list names with: tvm-probe ls {args.dump}") from None
-    print(found.to_string(index=False))
+    if args.kind:
+        found = found[found["kind"].isin(args.kind)]
+    rank = {kind.value: i for i, kind in enumerate(LS_ORDER)}
+    found = found.iloc[np.argsort([rank.get(k, len(rank)) for k in found["kind"]], kind="stable")]
+    shown = ["name", "op_type", "kind", "served", "shape", "dtype"]
+    if (found["tensor"] != found["name"]).any():  # another spelling of some value: keep its key
+        shown.insert(1, "tensor")
+    print(_left_aligned(found[shown]) if len(found) else "no value of these kinds matches")
     return Exit.OK
+
+
+def _left_aligned(table) -> str:
+    """A table as text, every column left-aligned (names read from their start)."""
+    cells = [list(table.columns)] + [[str(v) for v in row] for row in table.itertuples(index=False)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def _cmd_get(args, progress) -> int:
