@@ -200,3 +200,20 @@ def test_a_cut_build_that_fails_alongside_the_run_is_reported_on_read(bert_model
     np.testing.assert_allclose(probe.get(captured), bert_reference[probe.resolve(captured)], atol=ATOL)
     with pytest.raises(ProbeError, match="LLVM said no"):
         probe.get("layer_._1/attention/self/query/MatMul")
+
+
+def test_a_run_is_call_0_and_takes_the_tensors_a_deployment_holds():
+    """``run`` takes ``tvm.runtime.Tensor`` inputs (as a deployment holds them) and, on a probe
+    never called, is call 0: ``get(name, call=0)`` is the run's value."""
+    import tvm
+
+    from tvm_probe import Probe, demo
+
+    model = demo.tiny_bert()
+    inputs = demo.demo_inputs(model)
+    probe = Probe.from_onnx(model, target="llvm", pipeline="fused")
+    expected = probe.run(inputs)
+    got = probe.run({k: tvm.runtime.tensor(v) for k, v in inputs.items()})
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)
+    name = "layer_._0/attention/self/MatMul"
+    np.testing.assert_array_equal(probe.get(name, call=0), probe.get(name))

@@ -66,9 +66,22 @@ def _by_name(specs, inputs: Mapping) -> Mapping:
     return named
 
 
+def host_array(value) -> np.ndarray:
+    """``value`` as a numpy array: a tensor that speaks DLPack (a ``tvm.runtime.Tensor`` a
+    deployment holds, a torch tensor) is viewed without a copy where it lives on the host, and
+    copied to the host otherwise (``.numpy()``); anything else through ``np.asarray``."""
+    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+        try:
+            return np.from_dlpack(value)
+        except (BufferError, RuntimeError, TypeError, ValueError):  # on a device, or not exportable as is
+            if hasattr(value, "numpy"):
+                return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
 def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     """One input: dtype, shape, index bounds of embedding ids, NaN/Inf."""
-    array = value if type(value) is np.ndarray else np.asarray(value)
+    array = value if type(value) is np.ndarray else host_array(value)
     if array.dtype == object:
         raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
     if array.dtype != numpy_dtype(spec.dtype):

@@ -248,8 +248,8 @@ class Probe(Constructors, Results, Viewable):
     def get(self, name: str, call: int | None = None) -> np.ndarray:
         """The value of ``name``: in the last :meth:`run`, or in call ``call`` of :meth:`call`
         (default: the last call, when a call came after the last run).  Names resolve within
-        the function that call ran."""
-        if call is None and self._serve_run:
+        the function that call ran.  Before any :meth:`call`, the last run is call 0."""
+        if self._serves_run(call):
             return super().get(name)
         record = self.call_record(call)
         if name in record.kv:
@@ -257,9 +257,16 @@ class Probe(Constructors, Results, Viewable):
         with self.in_call(call) as probe:
             return Results.get(probe, name)
 
+    def _serves_run(self, call: int | None) -> bool:
+        """Whether ``call`` asks for the last run: no call given after a run, or call 0 (-1) of a
+        probe that has run but never been called (its run is its ``main``'s one call)."""
+        if not self._serve_run:
+            return False
+        return call is None or (call in (0, -1) and self.num_calls == 0)
+
     def get_all(self, pattern: str, call: int | None = None) -> dict[str, np.ndarray]:
         """Every value matching ``pattern`` (see :meth:`get` for ``call``)."""
-        if call is None and self._serve_run:
+        if self._serves_run(call):
             return super().get_all(pattern)
         with self.in_call(call) as probe:
             return Results.get_all(probe, pattern)
