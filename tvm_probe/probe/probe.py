@@ -262,7 +262,7 @@ class Probe(Constructors, Results, Viewable):
         probe that has run but never been called (its run is its ``main``'s one call)."""
         if not self._serve_run:
             return False
-        return call is None or (call in (0, -1) and self.num_calls == 0)
+        return call is None or (call in (0, -1) and self.num_calls == 0 and self._capture is not None)
 
     def get_all(self, pattern: str, call: int | None = None) -> dict[str, np.ndarray]:
         """Every value matching ``pattern`` (see :meth:`get` for ``call``)."""
