@@ -142,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     _config_arguments(red)
     red.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
     red.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    red.add_argument("--exact", action="store_true",
+                     help="count differences within a few ulps of the values' magnitude too (by default they "
+                          "are floating-point rounding, not a TVM bug)")
     srv = command("serve", help="run a TVM RPC server whose sessions tvm_probe can instrument (on the device)",
                   description="Serve TVM RPC sessions that load tvm_probe's native instrument, so that a probe on "
                               "another machine (remote={host, port} or {tracker, key}) can run its executable here "
@@ -312,7 +315,8 @@ def _cmd_split(args, progress) -> int:
 
 
 def _cmd_reduce(args, progress) -> int:
-    result = reduce_investigation(load_config(args.config, args.overrides), args.output, args.overwrite, progress)
+    result = reduce_investigation(load_config(args.config, args.overrides), args.output, args.overwrite, progress,
+                                  exact=args.exact)
     print(result.summary())
     print(f"reproduction: {args.output}")
     return Exit.OK

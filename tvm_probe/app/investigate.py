@@ -270,9 +270,10 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
 
 
 # -- tvm-probe reduce ----------------------------------------------------------------------------
-def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
+def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress, exact: bool = False):
     """The smallest sub-model on which the config's build still fails as on the whole model,
-    written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.tools.reduce`)."""
+    written to ``out_dir`` as a standalone reproduction (see :mod:`tvm_probe.tools.reduce`);
+    ``exact``: differences within a few ulps count too (by default they are rounding)."""
 
     if config.model.adapter.graph != "onnx":
         raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "
@@ -289,7 +290,7 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
     with progress.stage("reduce") as stage:
         return reduce(model, inputs, config.target, config.pipeline,
                       build, out_dir=out_dir,
-                      overwrite=overwrite, tolerance=tolerance,
+                      overwrite=overwrite, tolerance=tolerance, exact=exact,
                       progress=lambda step: stage.update(step.total - step.best, max(step.total - 1, 1)))
 
 

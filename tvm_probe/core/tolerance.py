@@ -82,3 +82,21 @@ def within(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:
     same_inf = np.isinf(r64) & (g64 == r64)
     finite_ref = np.isfinite(r64)
     return both_nan | same_inf | (close & finite_ref & np.isfinite(g64))
+
+
+#: How far apart two floating-point tensors may be and still count as rounding (``reduce`` without
+#: ``--exact``): this many units in the last place at the tensor's magnitude (the largest |ref|).
+ROUNDING_ULPS = 8
+
+
+def rounding(got: np.ndarray, ref: np.ndarray, ulps: int = ROUNDING_ULPS) -> np.ndarray:
+    """Elementwise: finite floating-point values within ``ulps`` units in the last place of the
+    reference's magnitude (summation order, fused multiply-adds: rounding, not a wrong value)."""
+    g, r = np.asarray(got), np.asarray(ref)
+    if r.dtype.kind != "f" or g.shape != r.shape or not r.size:
+        return np.zeros(g.shape, dtype=bool)
+    finite = np.isfinite(g) & np.isfinite(r)
+    scale = np.abs(np.where(finite, r, 0)).max()
+    with np.errstate(invalid="ignore", over="ignore"):
+        return finite & (np.abs(g.astype(np.float64) - r) <= ulps * float(np.spacing(r.dtype.type(scale))))
+

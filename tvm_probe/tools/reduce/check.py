@@ -75,10 +75,10 @@ def as_reference(reference):
 class Checker:
     """Compiles and runs a (sub-)model the way the failure was seen; says what fails first."""
 
-    def __init__(self, target, pipeline, reference, tolerance: Tolerance | None):
+    def __init__(self, target, pipeline, reference, tolerance: Tolerance | None, exact: bool = True):
         self.target, self.pipeline = target, pipeline
         self.reference = reference
-        self.tolerance = tolerance
+        self.tolerance, self.exact = tolerance, exact
         # Outputs of TVM and of the reference on the last sub-model that reproduced a divergence.
         # Reproducing sub-models only shrink, so the last one is the result.
         self.reproduced: tuple[dict, dict] | None = None
@@ -145,7 +145,7 @@ class Checker:
                 got = probe.get_tensor(value.key)
             except ProbeError:
                 continue
-            found = find_divergence(value, got, reference[value.key], self.tolerance)
+            found = find_divergence(value, got, reference[value.key], self.tolerance, self.exact)
             if found is not None or value.key == last:
                 return found
         return None

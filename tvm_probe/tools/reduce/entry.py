@@ -13,7 +13,7 @@ from ...build.compile import parse_target, resolve_pipeline
 from ...comparison.reference.onnxruntime import onnxruntime_values
 from ...core.errors import InputError, ProbeError
 from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
-from ...core.tolerance import Tolerance, describe_defaults
+from ...core.tolerance import ROUNDING_ULPS, Tolerance, describe_defaults
 from ...importer.onnx import load_onnx
 from ...probe.tvm_reference import build_label
 from .check import Checker, TVMBuild, as_reference, is_onnxruntime, onnxruntime_reference
@@ -28,7 +28,7 @@ log = logging.getLogger(__package__)
 def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipeline=DEFAULT_PIPELINE, reference=None,
            out_dir=None, *, overwrite: bool = False, tolerance: Tolerance | None = None,
            progress: Callable[[ReduceStep], None] | None = None, verify: bool = True,
-           max_seconds: float | None = None) -> Reduction:
+           max_seconds: float | None = None, exact: bool = False) -> Reduction:
     """The smallest sub-model of ``model`` on which TVM fails as on the whole model.
 
     Args:
@@ -48,6 +48,9 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
             show ``step.total - step.best`` of ``step.total - 1`` nodes removed.
         max_seconds: stop searching after this long and return the smallest sub-model found so
             far (``Reduction.complete`` is then False); default: search to the end.
+        exact: count every difference beyond ``tolerance``; by default floating-point values within
+            :data:`~tvm_probe.core.tolerance.ROUNDING_ULPS` units in the last place of the tensor's
+            magnitude agree (rounding is no TVM bug to report), whatever the tolerance.
 
     Returns:
         A :class:`Reduction`; ``.summary()`` is one line.
@@ -68,7 +71,7 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
     graph = SubModels(proto, _whole_model_values(proto, _check_inputs(proto, inputs)))
     if not len(graph):
         raise ReduceError("nothing to reduce: the model has no nodes")
-    checker = Checker(target, pipeline, ref, tolerance)
+    checker = Checker(target, pipeline, ref, tolerance, exact)
     try:
         whole = graph.model(range(len(graph)))
     except CannotCut as err:
@@ -77,7 +80,7 @@ def reduce(model, inputs: Mapping[str, np.ndarray], target=DEFAULT_TARGET, pipel
     failure, sources = checker.first_failure(whole, graph.feeds(whole), known)
     if failure is None:
         raise ReduceError(f"nothing to reduce: {build_label(target, pipeline)} builds the model and agrees with "
-                          f"{ref.label} on every value within tolerance ({_tolerance_text(tolerance)})")
+                          f"{ref.label} on every value within tolerance ({_tolerance_text(tolerance, exact)})")
     log.info("failure to reduce: %s", failure.statement(build_label(target, pipeline), ref.label))
     graph.constants = graph.constant_tensors(sources)
     search = run_search(graph, checker, failure, progress, max_seconds)
@@ -147,5 +150,6 @@ def _whole_model_values(proto, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     return {**inputs, **computed}
 
 
-def _tolerance_text(tolerance: Tolerance | None) -> str:
-    return str(tolerance) if tolerance is not None else describe_defaults()
+def _tolerance_text(tolerance: Tolerance | None, exact: bool = True) -> str:
+    text = str(tolerance) if tolerance is not None else describe_defaults()
+    return text if exact else f"{text}; differences within {ROUNDING_ULPS} ulps count as rounding: --exact counts them"

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...core.errors import ProbeError, failure_identity, one_line
 from ...core.metrics import agreement, error_stats
-from ...core.tolerance import EXACT, Tolerance, default_tolerance, within
+from ...core.tolerance import EXACT, ROUNDING_ULPS, Tolerance, default_tolerance, rounding, within
 
 
 class ReduceError(ProbeError):
@@ -141,18 +141,24 @@ class CompileFailure:
 Failure = Divergence | CompileFailure
 
 
-def find_divergence(value, got, ref, tolerance: Tolerance | None = None) -> Divergence | None:
+def find_divergence(value, got, ref, tolerance: Tolerance | None = None, exact: bool = True) -> Divergence | None:
     """How ``got`` (TVM) disagrees with ``ref`` for source value ``value``; None when it agrees.
 
-    ``tolerance`` defaults to the dtype's (:func:`~tvm_probe.core.tolerance.default_tolerance`).
+    ``tolerance`` defaults to the dtype's (:func:`~tvm_probe.core.tolerance.default_tolerance`);
+    unless ``exact``, floating-point values within :data:`~tvm_probe.core.tolerance.ROUNDING_ULPS`
+    units in the last place of the tensor's magnitude agree too (rounding, not a TVM bug).
     """
     got, ref = np.asarray(got), np.asarray(ref)
     tol = tolerance or default_tolerance(ref.dtype)
+    forgive = not exact and ref.dtype.kind == "f"  # rounding: floating-point values only
+    text = f"{tol}, or within {ROUNDING_ULPS} ulps (rounding)" if forgive else str(tol)
     base = dict(tensor=value.key, node=value.node, op_type=value.op_type, size=int(ref.size),
-                shape=tuple(got.shape), ref_shape=tuple(ref.shape), tolerance=str(tol))
+                shape=tuple(got.shape), ref_shape=tuple(ref.shape), tolerance=text)
     if got.shape != ref.shape:
         return Divergence(**base, counts=(("shape", int(ref.size)),), max_abs=float("inf"), nan_digest="")
     bad = ~within(got, ref, tol)
+    if forgive:
+        bad &= ~rounding(got, ref)
     if not bad.any():
         return None
     masks = _disagreements(got, ref, bad)
