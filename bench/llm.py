@@ -6,7 +6,7 @@ A tiny seeded transformers decoder (tests/support/hf_models.py) through ``Probe.
 interleaved run by run, medians:
 
 * one decode step: the plain VM call (``vm["decode"]`` on the same arguments) against
-  ``probe.call("decode", ..., capture=None)`` and ``capture=["model.model.layers.0"]``
+  ``probe.call("decode", ..., capture=None)`` and ``capture=["model.layers.0"]``
   (target <= 1.05x);
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
   (the eager reference included; target <= 3x).
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         "fastest plain VM call (input tensors made once)": fastest_plain,
         "probe.call, capture=None": lambda: probe.call("decode", token, position, *past, capture=None),
         "probe.call, one layer": lambda: probe.call("decode", token, position, *past,
-                                                    capture=["model.model.layers.0"]),
+                                                    capture=["model.layers.0"]),
     }
     for fn in variants.values():  # warm up (first-call instrument set-up)
         fn()

@@ -3,8 +3,13 @@
 The models are tiny transformers decoders built from configs in code (tests/support/hf_models.py).  The
 references are independent of TVM: transformers' own ``generate`` (greedy) for the tokens, and
 the eager model run through the same functional cache for every module's output per call.
+Values answer to the model's own names (``model.layers.0.self_attn``, ``lm_head``,
+``model.embed_tokens.weight``: its ``named_modules()`` / ``named_parameters()``), never to
+those of the wrapper ``Probe.from_hf`` exports it in.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -13,13 +18,13 @@ from support.processes import run_cli
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tvm_probe import InputError, ModelError, Probe  # noqa: E402
+from tvm_probe import InputError, ModelError, Probe, UnknownNameError, ValueUnavailableError  # noqa: E402
 from tvm_probe.probe.calls import CallArguments  # noqa: E402
 from tvm_probe.comparison.verdict import compare  # noqa: E402
 from tvm_probe.llm import compare_generation, reference_generate  # noqa: E402
 
 from support import SUPPORT  # noqa: E402
-from support.hf_models import decoder_ids, hf_decoder  # noqa: E402
+from support.hf_models import decoder_ids, forward_hook_outputs, hf_decoder  # noqa: E402
 
 STEPS, PROMPT = 6, 8
 
@@ -45,8 +50,8 @@ def _check_generation(family: str, pipeline: str, probe=None) -> None:
         # every decoder layer and its attention, at every step, against the eager model
         stack, attention = ("transformer.h", "attn") if family == "gpt2" else ("model.layers", "self_attn")
         for i in range(layers):
-            assert {f"module:model.{stack}.{i}", f"module:model.{stack}.{i}.{attention}"} <= names, (call, i)
-        assert "module:model.lm_head" in names
+            assert {f"module:{stack}.{i}", f"module:{stack}.{i}.{attention}"} <= names, (call, i)
+        assert "module:lm_head" in names
     assert (table["compared"] > 20).all() and (table["diverged"] == 0).all()
 
 
@@ -92,16 +97,103 @@ def test_values_answer_by_call_to_module_paths_fx_names_and_parameters(llama_pro
     first = len(probe.calls) - 3
     reference = reference_generate(model, ids, 3)
     for step in range(3):
-        expected = reference.values[step]["model.model.layers.0.self_attn"]
-        got = probe.get("model.model.layers.0.self_attn", call=first + step)
+        expected = reference.values[step]["model.layers.0.self_attn"]
+        got = probe.get("model.layers.0.self_attn", call=first + step)
         np.testing.assert_allclose(got, expected, atol=1e-5)
-    assert probe.get("model.model.layers.1", call=first + 2).shape == (1, 1, 64)  # a decode step: one token
-    assert probe.get("model.model.layers.1", call=first).shape == (1, PROMPT, 64)
-    weight = "model.model.layers.0.self_attn.q_proj.weight"
-    np.testing.assert_array_equal(probe.get(weight, call=first + 1),
-                                  model.state_dict()[weight[len("model."):]].numpy())
+    assert probe.get("model.layers.1", call=first + 2).shape == (1, 1, 64)  # a decode step: one token
+    assert probe.get("model.layers.1", call=first).shape == (1, PROMPT, 64)
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    np.testing.assert_array_equal(probe.get(weight, call=first + 1), model.state_dict()[weight].numpy())
     with pytest.raises(InputError, match=r"longer than max_len=32"):
         probe.generate(ids, steps=25)
+
+
+#: The names of each model (``named_modules()``) that had no value when the probe named values
+#: by its wrapper (``model.`` + the name; measured at commit 23b5875, before the names became the
+#: model's own): the ``ModuleList`` of layers, and GPT-2's attention dropouts, which its SDPA
+#: attention never calls.  Every other name, module, parameter or buffer, answered.
+NO_VALUE_BEFORE = {"gpt2": {"transformer.h", "transformer.h.0.attn.attn_dropout", "transformer.h.1.attn.attn_dropout"}}
+NAME_STEPS = 3  # the prefill and two decode steps
+#: torch's own marker for nodes its passes add without a module stack (``sym_size``): no module
+#: of the model, and not the wrapper's; the importer lists it as it is (as for any torch model).
+TORCH_NO_STACK = "_empty_nn_module_stack_from_metadata_hook"
+
+
+def _check_the_models_own_names(family: str, probe) -> int:
+    """Every name ``named_modules()``, ``named_parameters()`` and ``named_buffers()`` of the model
+    give answers at every step of a generation: a module with the output a forward hook sees
+    there, a weight with its tensor; the model itself (``''``) names nothing, its logits are
+    ``lm_head``'s.  The names with no value (each with its reason) are the eager model's modules
+    no forward hook fires on, and exactly those that had none under the wrapper's names.
+    Returns how many (name, step) lookups answered (and prints it, per kind of name)."""
+    model = probe.hf.step.model  # the model given to from_hf
+    ids = decoder_ids(0, batch=1, seq=PROMPT)
+    tokens = probe.generate(ids, steps=NAME_STEPS)
+    calls = probe.hf.generations[-1].calls
+    hooked = forward_hook_outputs(model, lambda: reference_generate(probe, ids, NAME_STEPS))
+    assert len(hooked) == NAME_STEPS
+    modules = [path for path, _ in model.named_modules() if path]
+    weights = {name: t.detach().numpy() for name, t in [*model.named_parameters(remove_duplicate=False),
+                                                         *model.named_buffers()]}
+    answered, no_value = 0, set()
+    for step, call in enumerate(calls):
+        for name in modules + list(weights):
+            try:
+                got = probe.get(name, call=call)
+            except (UnknownNameError, ValueUnavailableError) as err:
+                assert isinstance(err, ValueUnavailableError) or " has no value: " in str(err), (family, str(err))
+                no_value.add(name)
+                continue
+            if name in weights:
+                np.testing.assert_array_equal(got, weights[name], err_msg=f"{family} {name}")
+            else:
+                assert name in hooked[step], f"{family} step {step}: {name} answers, but eager never ran it"
+                np.testing.assert_allclose(got, hooked[step][name], atol=1e-4, err_msg=f"{family} step {step} {name}")
+            answered += 1
+        np.testing.assert_allclose(probe.get("lm_head", call=call), hooked[step][""], atol=1e-4)
+    print(f"{family}: {len(modules) + len(weights)} names a step ({len(modules)} modules, {len(weights)} "
+          f"parameters and buffers), {answered} lookups over {NAME_STEPS} steps answered, no value: {sorted(no_value)}")
+    never_ran = {path for path in modules if not any(path in values for values in hooked)}
+    assert no_value == never_ran == NO_VALUE_BEFORE.get(family, {"model.layers"}), family
+    assert tokens == reference_generate(probe, ids, NAME_STEPS).tokens
+    _assert_no_wrapper_name_is_listed(probe, model, family)
+    return answered
+
+
+def _assert_no_wrapper_name_is_listed(probe, model, family: str) -> None:
+    """Listings (each function's sources, a generation's comparison) name the model's own modules
+    and weights, the weights' fx names as exporting the model itself gives them
+    (``p_model_norm_weight``): nothing of the wrapper.  GPT-2's own names hold no ``model``, so
+    there the word appears nowhere."""
+    modules = {path for path, _ in model.named_modules()}
+    weights = {n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]}
+    result = compare_generation(probe)
+    assert result, result.verdict()
+    compared = {v.name for _, _, c in result.calls.by_call for v in c.values}
+    assert {n.removeprefix("module:") for n in compared} <= modules
+    for function, function_probe in probe.functions.items():
+        table = function_probe.sources
+        paths = {n.removeprefix("module:") for names in table["other_names"] for n in names if n.startswith("module:")}
+        assert paths - {TORCH_NO_STACK} <= modules, (function, sorted(paths - modules))
+        params = table[table["kind"] == "param"]
+        assert set(params["tensor"]) <= weights, (function, sorted(set(params["tensor"]) - weights))
+        for name, tensor in zip(params["name"], params["tensor"]):
+            assert name in (f"p_{re.sub(r'[^a-zA-Z0-9]', '_', tensor).lower()}",
+                            f"b_{re.sub(r'[^a-zA-Z0-9]', '_', tensor).lower()}"), (name, tensor)
+        if family == "gpt2":
+            listed = " ".join(map(str, table.values.ravel())) + result.table().to_string()
+            assert "model" not in listed, function
+
+
+def test_llama_answers_to_its_own_module_and_parameter_names_at_every_step(llama_probe):
+    assert _check_the_models_own_names("llama", llama_probe) == NAME_STEPS * (31 + 21 + 2)  # modules, weights, buffers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2", "phi3", "gemma"])
+def test_every_family_answers_to_its_own_module_and_parameter_names_at_every_step(family):
+    probe = Probe.from_hf(hf_decoder(family), pipeline="default", max_len=16)
+    assert _check_the_models_own_names(family, probe) >= NAME_STEPS * 40
 
 
 def test_a_decode_loop_fed_numpy_takes_the_prepared_call_and_equals_eager(llama_probe, monkeypatch):
@@ -159,7 +251,7 @@ def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch)
     table = result.table()
     assert list(table["diverged"] > 0) == [False, True, True]
     step, name = result.first_divergent
-    assert step == 1 and "layers.1.mlp" in name, name
+    assert step == 1 and name.startswith("module:model.layers.1.mlp"), name  # the model's own path
 
 
 class _Counter(torch.nn.Module):

@@ -171,3 +171,34 @@ def _recording(path, forward, found):
 def tiny_llama():
     """A factory for ``model: {hf: ...}`` configs: the seeded tiny Llama."""
     return hf_decoder("llama")
+
+
+def forward_hook_outputs(model, run) -> list[dict]:
+    """What forward hooks on every module of ``model`` see while ``run()`` runs: one dict per
+    call of ``model`` itself (path → ``output[0]`` as a numpy array: a tuple's or a transformers
+    ``ModelOutput``'s first tensor; the root under ``''``).  Independent of tvm_probe's own
+    eager reference, which wraps each instance's ``forward`` instead."""
+    import numpy as np
+
+    calls: list[dict] = []
+    current: dict[str, np.ndarray] = {}
+
+    def hook(path):
+        def record(_module, _args, output):
+            first = output.to_tuple()[0] if hasattr(output, "to_tuple") else output
+            first = first[0] if isinstance(first, (tuple, list)) and first else first
+            if isinstance(first, torch.Tensor):
+                current[path] = first.detach().numpy().copy()
+            if path == "":
+                calls.append(dict(current))
+                current.clear()
+        return record
+
+    handles = [m.register_forward_hook(hook(path)) for path, m in model.named_modules()]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls

@@ -14,10 +14,19 @@ compiled program is exactly the model's computation.  Two programs come from it:
 * ``decode``: one token, with a past whose length is a symbolic dimension (``Dim``), so one
   executable serves every step.
 
-Both are imported with the usual tagging (fx node names, module paths of the wrapped model:
-``model.model.layers.0.self_attn``, ``model.lm_head``) and merged into one module of two
-functions (:func:`import_hf`), which ``Probe.from_hf`` compiles once (the multi-function API of
-:mod:`tvm_probe.probe.calls`).  Generation is :mod:`tvm_probe.probe.generate`'s; the eager
+Both are imported with the usual tagging (fx node names, module paths, parameter names) and
+merged into one module of two functions (:func:`import_hf`), which ``Probe.from_hf`` compiles
+once (the multi-function API of :mod:`tvm_probe.probe.calls`).
+
+Names are the user's model's own, as its ``named_modules()`` and ``named_parameters()`` spell
+them: ``model.layers.0.self_attn``, ``lm_head``, ``model.embed_tokens.weight`` (GPT-2:
+``transformer.h.0``).  torch records the wrapper's paths (``CacheStep`` holds the model as
+``self.model``: ``model.model.layers.0``, ``model.lm_head.weight``); the import takes every
+name relative to that attribute (``import_torch(..., names_root=WRAPPED)``, the one rule being
+:func:`tvm_probe.importer.module_paths.relative_to`), so the wrapper's prefix names nothing.
+The model itself (path ``''`` in ``named_modules()``) names nothing either: its output, the
+logits, is the program's first output (``probe.call`` returns it) and answers to ``lm_head``
+and to its fx node name.  Generation is :mod:`tvm_probe.probe.generate`'s; the eager
 reference and the comparison are :mod:`tvm_probe.llm`'s.
 
 torch and transformers are imported lazily.
@@ -36,6 +45,9 @@ from .torch_export import require_torch
 
 #: The two functions of the executable.
 PREFILL, DECODE = "prefill", "decode"
+
+#: The attribute of :class:`CacheStep` that holds the user's model: the root of every name.
+WRAPPED = "model"
 
 
 def _torch():
@@ -74,12 +86,14 @@ def cache_step_class():
 
             ``past`` is ``k0, v0, k1, v1, ...``: per layer, keys and values ``(batch, kv_heads,
             past_len, head_dim)``; ``present`` the same with the new tokens appended.  The wrapped
-            model is ``self.model``, so module paths read ``model.model.layers.0``, ``model.lm_head``.
+            model is ``self.model`` (:data:`WRAPPED`): torch records ``model.model.layers.0``,
+            which the import names ``model.layers.0``, as the model does.
             """
 
             def __init__(self, model, layers: int):
                 super().__init__()
                 self.model, self.layers = model, layers
+                assert getattr(self, WRAPPED) is model
 
             def forward(self, input_ids, position_ids, *past):
                 cache = _filled_cache(past, self.layers)
@@ -168,7 +182,7 @@ def import_prefill(step, shape: CacheShape, prompt_len: int | None = None, batch
     if prompt_len is None:
         prompt = torch.export.Dim.DYNAMIC
         dynamic = ({1: prompt}, {1: prompt}, tuple(None for _ in range(2 * shape.layers)))
-    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic)
+    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED)
 
 
 def import_decode(step, shape: CacheShape, max_len: int, batch: int = 1, import_fixes: bool = True):
@@ -177,7 +191,7 @@ def import_decode(step, shape: CacheShape, max_len: int, batch: int = 1, import_
     past = torch.export.Dim.DYNAMIC  # named ranges trip the model's own guards; export infers them
     args = example_decode(shape, batch, past=2)
     dynamic = (None, None, tuple({2: past} for _ in range(2 * shape.layers)))  # *past is one tuple
-    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic)
+    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -33,12 +34,13 @@ from ..core.sources import Kind, SourceMap, SourceValue
 from .adapter import ModelAdapter, SourceGraph, load_factory
 from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, FixLog, bool_compare_rewrite, off_hint
 from .model import ImportedModel, InputSpec
-from .module_paths import module_outputs, module_path, unrecorded_modules
+from .module_paths import module_outputs, module_path, relative_to, unrecorded_modules
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
 from .torch_export import _FIRST_OUTPUTS, export_program, stack_origin
 
 
-def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None) -> ImportedModel:
+def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None,
+                 names_root: str = "") -> ImportedModel:
     """Export ``module`` with ``torch.export`` and import it with every fx node's value tagged.
 
     Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
@@ -52,7 +54,12 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
         import_fixes: rewrite the constructs TVM 0.27 cannot build (see
             :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
         dynamic_shapes: what ``torch.export.export`` takes (``Dim`` per axis): those axes are
-            compiled as symbolic dimensions (``tvm_probe.llm.hf`` uses it for the KV cache length).
+            compiled as symbolic dimensions (``tvm_probe.importer.hf`` uses it for the KV cache length).
+        names_root: the path of the submodule whose names the values take, when ``module`` is
+            a wrapper around the user's model (``Probe.from_hf``: ``"model"``): module paths,
+            parameter and buffer names (and their placeholders' fx names) are that submodule's
+            own, by :func:`~tvm_probe.importer.module_paths.relative_to`; its own path names
+            nothing.  Default '': ``module``'s names.
 
     Raises:
         ModelError: torch is missing, ``torch.export`` cannot trace the module, or TVM's
@@ -73,7 +80,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
             raise
         except Exception as err:
             raise ModelError(f"TVM's PyTorch importer failed: {one_line(err)}") from None
-    imported = _collect(program, mod, own_values(importer), module)
+    imported = _collect(program, mod, own_values(importer), module, names_root)
     imported.fixes, imported.unfixed = importer.fixes.applied(), importer.unfixed.applied()
     return imported
 
@@ -269,11 +276,13 @@ class _Collected:
 
 
 
-def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
+def _collect(program, mod, values: OwnValues, module=None, root: str = "") -> ImportedModel:
     """Turn each fx node's own value (``values.own``, never the importer's final ``env``, where
     in-place converters overwrote their destinations) into a SourceMap, Var tags and constants
-    (``module``: the nn.Module exported, to note modules export never saw called)."""
-    keys, weights = node_keys(program), placeholder_tensors(program)
+    (``module``: the nn.Module exported, to note modules export never saw called; ``root``: see
+    ``import_torch``'s ``names_root``)."""
+    keys, weights = node_keys(program, root), placeholder_tensors(program, root)
+    targets = _targets(program)
     env = values.own
     out = _Collected(env)
     # a weight's placeholder Var is replaced by a constant (BindParams): identities of it too
@@ -283,7 +292,8 @@ def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
     for topo, node in enumerate(program.graph.nodes):
         if node not in keys:
             continue
-        value = SourceValue(key=keys[node], node=node.name, op_type=op_type(node), topo_index=topo,
+        name = _placeholder_name(node.name, targets[node.name], keys[node]) if node.name in targets else node.name
+        value = SourceValue(key=keys[node], node=name, op_type=op_type(node), topo_index=topo,
                             inputs=tuple(keys[a] for a in node.all_input_nodes if a in keys),
                             origin=stack_origin(node.meta.get("stack_trace")))
         if node.op == "placeholder":
@@ -294,7 +304,7 @@ def _collect(program, mod, values: OwnValues, module=None) -> ImportedModel:
             found = _add_computed(value, expr, weight_of_var, out)
         if found:
             out.sources.add(value)
-    _add_module_paths(program, keys, out.sources, module)
+    _add_module_paths(program, keys, out.sources, module, root)
     follow_aliases(mod, out.var_keys)
     _follow_tuple_fields(mod, out.var_keys)
     order = {p.name: i for i, p in enumerate(mod["main"].params)}
@@ -383,23 +393,60 @@ def _python_scalar(value) -> np.ndarray | None:
 
 
 
-def node_keys(program) -> dict:
+def node_keys(program, root: str = "") -> dict:
     """fx node → source key, for every node that holds a tensor or scalar.
 
     User inputs and computed values keep their fx node name; parameters, buffers and lifted
-    constants take their state-dict name (``target`` in the graph signature).  Nodes without a
-    value of their own are left out: ``_assert_*`` checks (value ``None``) and multi-output ops
-    (a tuple; each ``getitem`` on it is a value).
+    constants take their state-dict name (``target`` in the graph signature), relative to the
+    submodule ``root`` (:func:`_weight_names`).  Nodes without a value of their own are left
+    out: ``_assert_*`` checks (value ``None``) and multi-output ops (a tuple; each ``getitem`` on
+    it is a value).
     """
-    target_of = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
-                 if getattr(spec.arg, "name", None) and spec.target}
+    target_of = _targets(program)
+    names = _weight_names(program, root)
     keys = {}
     for node in program.graph.nodes:
         if node.op == "placeholder":
-            keys[node] = target_of.get(node.name, node.name)
+            keys[node] = names.get(target_of.get(node.name), node.name)
         elif node.op == "call_function" and _has_value(node):
             keys[node] = node.name
     return keys
+
+
+def _targets(program) -> dict[str, str]:
+    """Placeholder name → state-dict name (``target``), for weights, buffers and constants."""
+    return {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
+            if getattr(spec.arg, "name", None) and spec.target}
+
+
+def _weight_names(program, root: str = "") -> dict[str, str]:
+    """State-dict name (``target``) → the name its value takes: relative to ``root``
+    (:func:`~tvm_probe.importer.module_paths.relative_to`), unless that would be the name of a
+    user input or of an fx node (a parameter of the root itself named like an op: kept whole)."""
+    targets = _targets(program)
+    if not root:
+        return {t: t for t in targets.values()}
+    taken = {n.name for n in program.graph.nodes if n.name not in targets}
+    taken |= {t for t in targets.values() if relative_to(t, root) == t}
+    found = {}
+    for target in targets.values():
+        short = relative_to(target, root)
+        found[target] = short if short and (short == target or short not in taken) else target
+    return found
+
+
+def _placeholder_name(name: str, target: str, key: str) -> str:
+    """A weight placeholder's fx name for its value's name ``key``: torch names it
+    ``p_``/``b_``/``c_`` + ``target`` lowercased, non-alphanumerics as ``_``
+    (``p_model_model_norm_weight``); a key relative to a root drops that root there too
+    (``p_model_norm_weight``, what exporting the root module itself would name it).  A name of
+    another form (torch's suffix against collisions) is kept."""
+    if key == target:
+        return name
+    def mangled(text: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9]", "_", text).lower()
+    long, short = mangled(target), mangled(key)
+    return name[:-len(long)] + short if name.endswith(long) and name != long else name
 
 
 
@@ -412,17 +459,19 @@ def _has_value(node) -> bool:
 
 
 
-def placeholder_tensors(program) -> dict:
-    """State-dict name → (numpy value, Kind) for parameters, buffers and lifted constants."""
+def placeholder_tensors(program, root: str = "") -> dict:
+    """State-dict name (relative to ``root``, as :func:`node_keys` names it) → (numpy value,
+    Kind) for parameters, buffers and lifted constants."""
     import torch
 
     kinds = torch.export.graph_signature.InputKind
     tensors = lifted_tensors(program)
+    names = _weight_names(program, root)
     found = {}
     for spec in program.graph_signature.input_specs:
         if spec.kind in (kinds.PARAMETER, kinds.BUFFER, kinds.CONSTANT_TENSOR) and spec.target in tensors:
             kind = Kind.CONSTANT if spec.kind is kinds.CONSTANT_TENSOR else Kind.PARAM
-            found[spec.target] = (tensors[spec.target].detach().cpu().numpy(), kind)
+            found[names.get(spec.target, spec.target)] = (tensors[spec.target].detach().cpu().numpy(), kind)
     return found
 
 
@@ -459,9 +508,10 @@ def _user_outputs(program) -> list:
 
 
 
-def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
+def _add_module_paths(program, keys, sources: SourceMap, module=None, root: str = "") -> None:
     """Give each value the module paths whose output it is (rule: :func:`module_outputs`), and
-    note the modules of ``module`` that export never saw called (so ``get`` can say why).
+    note the modules of ``module`` that export never saw called and its containers (so ``get``
+    can say why); every path relative to the submodule ``root`` (:func:`relative_to`).
 
     ``nn_module_stack`` maps one key per module *call* (``L__self___relu@1`` for the second
     call) to ``(path, type)``, so "used outside the module" is judged per call; a module called
@@ -472,20 +522,22 @@ def _add_module_paths(program, keys, sources: SourceMap, module=None) -> None:
 
     values, recorded = [], set()
     for node in program.graph.nodes:
-        recorded.update(module_path(raw) for raw in stack(node).values())
+        recorded.update(module_path(raw, root) for raw in stack(node).values())
         if node.op != "call_function" or keys.get(node) not in sources:
             continue
         uses = [None if u.op == "output" else stack(u) for u in node.users
                 if u.op == "output" or u in keys or _is_tuple(u)]
         values.append((keys[node], stack(node), uses))
-    for key, paths in module_outputs(values, _first_output_keys(program, keys)).items():
+    first = {relative_to(path, root): found for path, found in _first_output_keys(program, keys).items()}
+    for key, paths in module_outputs(values, first, root).items():
         sources[key].modules = paths
     if module is not None:
         import torch
 
         containers = (torch.nn.ModuleList, torch.nn.ModuleDict)  # no forward of their own
-        sources.notes.update(unrecorded_modules(
-            (path for path, m in module.named_modules() if not isinstance(m, containers)), recorded))
+        paths = [(relative_to(path, root), isinstance(m, containers)) for path, m in module.named_modules()]
+        sources.notes.update(unrecorded_modules([p for p, c in paths if not c], recorded,
+                                                containers=[p for p, c in paths if c]))
 
 
 

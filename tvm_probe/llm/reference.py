@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..importer.hf import cache_shape, make_cache_step, positions
+from ..importer.hf import WRAPPED, cache_shape, make_cache_step, positions
 from ..importer.torch_export import require_torch
 from ..probe.generate import prompt_ids
 
@@ -15,7 +15,8 @@ from ..probe.generate import prompt_ids
 @dataclass
 class ReferenceGeneration:
     """Eager generation through the same :class:`CacheStep`: tokens, and per call every
-    module's output by path (the wrapper's paths: ``model.model.layers.0``)."""
+    module's output by the model's own path (``model.layers.0``, ``lm_head``: its
+    ``named_modules()``, as the probe names them)."""
 
     tokens: list[int]
     values: list[dict]
@@ -30,7 +31,7 @@ def reference_generate(model_or_probe, input_ids, steps: int) -> ReferenceGenera
     ids = torch.from_numpy(prompt_ids(input_ids))
     past, feed, position = shape.empty(1), ids, positions(0, ids.shape[1], 1)
     tokens, values = [], []
-    with ModuleRecorder(step) as recorder, torch.no_grad():
+    with ModuleRecorder(getattr(step, WRAPPED)) as recorder, torch.no_grad():
         for i in range(steps):
             out = step(feed, position, *past)
             values.append(recorder.take())
@@ -41,15 +42,15 @@ def reference_generate(model_or_probe, input_ids, steps: int) -> ReferenceGenera
 
 
 class ModuleRecorder:
-    """``with ModuleRecorder(step) as r:`` — every submodule's output by path, for each eager
-    call of ``step`` in the block (:meth:`take` after each).  Tuple outputs give their first
-    tensor, as forward hooks see it; ``forward`` is wrapped per instance, so direct
+    """``with ModuleRecorder(model) as r:`` — every submodule's output by path, for each eager
+    call of ``model`` in the block (:meth:`take` after each).  Tuple outputs and transformers'
+    ``ModelOutput``s give their first tensor (:func:`first_tensor`); ``forward`` is wrapped per instance, so direct
     ``m.forward(...)`` calls count too.  The wrappers are put in once for a whole generation
     (setting a module attribute goes through ``nn.Module.__setattr__``, which is slow) and the
     instance forwards the modules had come back after."""
 
-    def __init__(self, step):
-        self._modules = [(path, m) for path, m in step.named_modules() if path]
+    def __init__(self, model):
+        self._modules = [(path, m) for path, m in model.named_modules() if path]
         self._found: dict[str, np.ndarray] = {}
         self._own: dict[str, Any] = {}
 
@@ -62,7 +63,7 @@ class ModuleRecorder:
 
         def wrapper(*a, **k):
             output = forward(*a, **k)
-            tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+            tensor = first_tensor(output)
             if isinstance(tensor, tensor_type):  # a copy: a later in-place op must not change it
                 self._found[path] = tensor.detach().cpu().numpy().copy()
             return output
@@ -81,3 +82,16 @@ class ModuleRecorder:
             else:
                 m.__dict__.pop("forward", None)
         return False
+
+
+def first_tensor(output):
+    """What a forward hook's ``output[0]`` is: the first element of a tuple or list, the first
+    field set of a transformers ``ModelOutput`` (``last_hidden_state`` of a ``LlamaModel``), or
+    ``output`` itself."""
+    if isinstance(output, (tuple, list)):
+        return output[0] if output else output
+    to_tuple = getattr(output, "to_tuple", None)
+    if callable(to_tuple):
+        fields = to_tuple()
+        return fields[0] if fields else output
+    return output

@@ -131,8 +131,9 @@ class Constructors:
                 max_len: int = 64, import_fixes: bool = True) -> P:
         """A transformers ``*ForCausalLM`` with an explicit KV cache: functions ``prefill`` and
         ``decode`` of one executable (symbolic prompt and past lengths); :meth:`generate` drives
-        them.  Values answer to the wrapper's module paths (``model.model.layers.0.self_attn``,
-        ``model.lm_head``), fx node names and parameter names.  See :mod:`tvm_probe.importer.hf`.
+        them.  Values answer to the model's own names, as its ``named_modules()`` and
+        ``named_parameters()`` give them (``model.layers.0.self_attn``, ``lm_head``,
+        ``model.embed_tokens.weight``), and to fx node names.  See :mod:`tvm_probe.importer.hf`.
 
         Args:
             model: the causal LM (its weights as they are; put in eval mode).
