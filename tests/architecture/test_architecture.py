@@ -206,3 +206,17 @@ def test_no_leftovers_are_tracked():
     if not tracked:
         pytest.skip("not a git checkout")
     assert [f for f in tracked if f.endswith((".orig", ".rej", ".bak", "~"))] == []
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test folders without __init__.py by basename: two test_x.py break collection."""
+    tests = Path(__file__).parents[1]
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name in ("__init__.py", "conftest.py") or "support" in path.parts or "fixtures" in path.parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(tests)} and {path.relative_to(tests)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, f"test modules share a basename (rename one): {clashes}"
