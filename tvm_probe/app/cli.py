@@ -30,6 +30,8 @@ import numpy as np
 from .. import __version__
 from ..capture.remote import Server
 from ..comparison.dump import compare_dump
+from ..comparison.reference import is_no_reference
+from ..comparison.terms import recorded_terms
 from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, UnknownNameError, one_line
 from ..core.native_log import native_log_to_logging, release_native
@@ -107,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                   epilog=EXIT_HELP)
     cmp.add_argument("dump", type=Path)
     cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
-    _tolerance_arguments(cmp)
+    _tolerance_arguments(cmp, recorded=True)
     cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
 
     diff = command("diff", help="compare two dumps of one source model by source name (DUMP_B is the reference)",
@@ -122,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = command("report", help="write tables (CSV, HTML) and the graph for a dump")
     rep.add_argument("dump", type=Path)
     rep.add_argument("-o", "--output", type=Path, required=True, help="report folder")
+    _tolerance_arguments(rep, recorded=True)
 
     graph = command("graph", help="write the kernel graph of a dump as DOT or SVG")
     graph.add_argument("dump", type=Path)
@@ -159,10 +162,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tolerance_arguments(parser) -> None:
+def _tolerance_arguments(parser, recorded: bool = False) -> None:
     f32 = default_tolerance("float32")
-    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: by dtype, {f32.atol:g} for float32)")
-    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: by dtype, {f32.rtol:g} for float32)")
+    where = "the dump's recorded tolerance, else " if recorded else ""
+    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: {where}by dtype, "
+                                                   f"{f32.atol:g} for float32)")
+    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: {where}by dtype, "
+                                                   f"{f32.rtol:g} for float32)")
 
 
 def _config_arguments(parser) -> None:
@@ -285,9 +291,28 @@ def _print_comparison(args, reader, comparison) -> int:
 
 
 def _cmd_report(args, progress) -> int:
-    for kind, path in write_report(args.output, load_dump(args.dump)).items():
+    reader = load_dump(args.dump)
+    comparison = _recorded_verdict(reader, args, progress)
+    for kind, path in write_report(args.output, reader, comparison).items():
         print(f"{kind}: {path}")
+    if comparison is not None:
+        print(comparison.verdict())
     return Exit.OK
+
+
+def _recorded_verdict(reader, args, progress):
+    """The dump judged as its run was (its recorded verdict terms, or --atol/--rtol), for its
+    report; None, saying why, when the run compared with nothing or the model is not found."""
+    terms = recorded_terms(reader)
+    asked = args.atol is not None or args.rtol is not None
+    if not asked and (terms is None or is_no_reference(terms.reference)):
+        return None
+    try:
+        with progress.stage("compare") as stage:
+            return compare_dump(reader, None, args.atol, args.rtol, stage.update)
+    except ProbeError as err:
+        print(f"the report has no verdict: {err}")
+        return None
 
 
 def _cmd_graph(args, progress) -> int:
@@ -349,7 +374,7 @@ def _view_arguments(command) -> None:
     view.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
     view.add_argument("--export", type=Path, metavar="DIR", help="write Model Explorer JSON files to DIR; no server")
     view.add_argument("--overwrite", action="store_true", help="with --export: replace a non-empty DIR")
-    _tolerance_arguments(view)
+    _tolerance_arguments(view, recorded=True)
 
 
 def _cmd_view(args, progress) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..capture.remote.spec import parse_remote, remote_problems
+from ..comparison.terms import VerdictTerms
 from ..comparison.reference import (
     NO_REFERENCE,
     TVM_BUILD,
@@ -46,8 +47,8 @@ from ..comparison.reference import (
     reference_names,
 )
 from ..core.errors import ProbeError
-from ..core.precision import PrecisionError, parse_precision
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, name_matches
+from ..core.precision import PrecisionError, parse_precision, precision_tolerance
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS
 from ..core.tolerance import Tolerance
 from ..importer.demo import PRESETS, SIZES
 from ..importer.kinds import ModelAdapter, adapter_for, adapters
@@ -139,12 +140,18 @@ class ReferenceSpec:
     rtol: float | None = None
     tolerances: tuple[tuple[str, Tolerance], ...] = ()
 
+    def terms(self, selection="default", precision: bool = False) -> VerdictTerms:
+        """The terms a run's verdict is given on (what its dump records): this reference and
+        tolerance; with ``precision`` (a reduced-precision build), float16's tolerance by default."""
+        atol, rtol = self.atol, self.rtol
+        if precision:
+            atol, rtol = precision_tolerance(self).atol, precision_tolerance(self).rtol
+        return VerdictTerms(reference=self.runtime, reference_options=dict(self.build or {}), atol=atol, rtol=rtol,
+                            tolerances=self.tolerances, selection=selection)
+
     def tolerance_for(self, names) -> Tolerance | None:
         """The per-pattern tolerance of a value with these names, or None (use the default)."""
-        for pattern, tol in self.tolerances:
-            if any(name_matches(n, pattern) for n in names):
-                return tol
-        return None
+        return self.terms().tolerance_for(names)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..capture.remote import connect
-from ..comparison.reference import get_reference, is_no_reference
+from ..comparison.reference import configured_reference, is_no_reference
+from ..comparison.terms import METADATA_KEY as TERMS_KEY
 from ..comparison.verdict import compare
 from ..core.errors import NameLookupError, UnknownNameError
 from ..core.metrics import error_stats, worst
@@ -125,14 +126,15 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     with progress.stage("run"):
         probe.run(inputs, capture=capture)
     outcome = Outcome(probe=probe, inputs=inputs)
+    terms = config.reference.terms(_selection(config.capture), precision=config.precision is not None)
     if config.output.dump is not None:
         with progress.stage("dump"):
             outcome.dump = probe.dump(config.output.dump, overwrite=config.output.overwrite,
                                       include_weights=config.output.weights,
-                                      metadata={"model": config.model.describe()})
+                                      metadata={"model": config.model.describe(), TERMS_KEY: terms.to_json()})
     reference = chosen_reference(config.reference)  # None: reference: none
     if reference is not None:
-        outcome.comparison = _compare(config, probe, reference, model, inputs, progress)
+        outcome.comparison = _compare(config, probe, reference, terms, model, inputs, progress)
     if config.verify:
         with progress.stage("verify (independent unfused build)"):
             outcome.verification = probe.verify(inputs)
@@ -143,17 +145,17 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     return outcome
 
 
-def _compare(config: Config, probe, reference, model, inputs, progress):
-    spec = config.reference
-    with progress.stage(f"reference ({spec.runtime})"):  # another build reuses the probe's import
-        reference = reference.values_for(probe, spec.model or model, inputs)
-    atol, rtol = spec.atol, spec.rtol
-    if config.precision is not None:  # a reduced-precision build: float16's tolerance by default
-
-        atol, rtol = precision_tolerance(spec).atol, precision_tolerance(spec).rtol
+def _compare(config: Config, probe, reference, terms, model, inputs, progress):
+    with progress.stage(f"reference ({terms.reference})"):  # another build reuses the probe's import
+        reference = reference.values_for(probe, config.reference.model or model, inputs)
     with progress.stage("compare") as stage:
-        return compare(probe, reference, atol=atol, rtol=rtol, keys=probe.captured_keys,
-                       tolerance_for=spec.tolerance_for if spec.tolerances else None, progress=stage.update)
+        return compare(probe, reference, atol=terms.atol, rtol=terms.rtol, keys=probe.captured_keys,
+                       tolerance_for=terms.tolerance_for if terms.tolerances else None, progress=stage.update)
+
+
+def _selection(capture) -> str | tuple[str, ...]:
+    """What a config's ``capture:`` selected, as the verdict terms record it."""
+    return "default" if capture is None else capture if isinstance(capture, str) else tuple(capture)
 
 
 def chosen_reference(ref_spec):
@@ -163,9 +165,7 @@ def chosen_reference(ref_spec):
 
     if is_no_reference(ref_spec.runtime):
         return None
-    if ref_spec.build is not None:
-        return TVMBuildReference(**ref_spec.build)
-    return get_reference(ref_spec.runtime)
+    return configured_reference(ref_spec.runtime, ref_spec.build)
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
