@@ -48,7 +48,7 @@ from ..comparison.reference import (
 )
 from ..core.errors import ProbeError
 from ..core.precision import PrecisionError, parse_precision, precision_tolerance
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINE_NAMES, REPORT_FORMATS
 from ..core.tolerance import Tolerance
 from ..importer.demo import PRESETS, SIZES
 from ..importer.kinds import ModelAdapter, adapter_for, adapters
@@ -305,7 +305,7 @@ class _Validator:
             model=model or ModelSpec(),
             inputs=self.inputs(data.get("inputs") or {}),
             target=self.string(data, ("target",), DEFAULT_TARGET),
-            pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+            pipeline=self.choice(data, ("pipeline",), PIPELINE_NAMES, DEFAULT_PIPELINE),
             capture=self.capture(data.get("capture", "all")),
             reference=self.reference(data.get("reference", (model or ModelSpec()).adapter.reference)),
             output=self.output(data.get("output") or {}),
@@ -565,7 +565,7 @@ class _Validator:
         if self.mapping(value, keys) is None:
             return None
         self.unknown_keys(value, keys, ("pipeline", "target"))
-        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINE_NAMES, DEFAULT_PIPELINE),
                 "target": self.string(value, keys + ("target",), DEFAULT_TARGET)}
 
     def output(self, value) -> OutputSpec:

@@ -39,7 +39,9 @@ class Constructors:
             target: a TVM target: a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
                 options (``{"kind": "cuda", "arch": "sm_90"}``), or a ``tvm.target.Target``.
             pipeline: ``"default"`` (what ``tvm.compile`` uses; unfused on CPU), ``"fused"``
-                (``relax.get_default_pipeline(target)``) or any ``tvm.transform.Pass``.
+                (``relax.get_default_pipeline(target)``), another name of TVM's
+                (``relax.pipeline.PIPELINE_MAP``: ``default_build``, ``zero``...) or any
+                ``tvm.transform.Pass``.
             shapes: static shapes for inputs declared with symbolic dimensions (the shape
                 arithmetic they fix is folded before TVM sees the model; see importer/static.py).
             import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
