@@ -86,7 +86,19 @@ def test_the_docs_files_with_python_blocks_are_found():
 def test_a_failing_block_fails_the_run_with_its_file_and_line(tmp_path):
     """The runner can fail: a block that raises is reported with the .md file and line."""
     page = tmp_path / "page.md"
-    page.write_text("# page\n\n```python\nx = 1\n```\n\ntext\n\n```python\nassert x == 2, 'x is 1'\n```\n")
+    page.write_text("# page\n\n```python\nx = 1\n```\n\n```text\nnot python\n```\n\n"
+                    "```python\nassert x == 2, 'x is 1'\n```\n")
     done = run_file(page, tmp_path)
     assert done.returncode != 0
-    assert f'File "{page}", line 10' in done.stderr and "AssertionError: x is 1" in done.stderr
+    assert f'File "{page}", line 12' in done.stderr and "AssertionError: x is 1" in done.stderr
+
+
+def test_a_check_runs_right_after_its_block(tmp_path, monkeypatch):
+    """A check sees the namespace as its block left it, and a false one fails the run."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n```python\nx = 2\n```\n")
+    monkeypatch.setitem(CHECKS, "page.md", (0, "assert x == 1, 'after block 0'"))
+    assert run_file(page, tmp_path).returncode == 0
+    monkeypatch.setitem(CHECKS, "page.md", (1, "assert x == 1, 'after block 1'"))
+    done = run_file(page, tmp_path)
+    assert done.returncode != 0 and "AssertionError: after block 1" in done.stderr
