@@ -110,6 +110,11 @@ class QuantizationComparison:
 
     COLUMNS = ("name", "op_type", "sqnr_db", "max_abs", "cosine", "tvm_vs_runtime", "note")
 
+    @property
+    def probe(self) -> Probe:
+        """TVM's build of the QDQ model, after its run on the inputs: every value by its name."""
+        return self.study.probe
+
     def table(self):
         """DataFrame, one row per op of the float model the QDQ model quantizes, in graph order:
         ``sqnr_db``, ``max_abs``, ``cosine`` of TVM's quantized build against the float model
