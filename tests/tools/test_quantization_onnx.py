@@ -22,7 +22,15 @@ from tvm_probe.app.cli import main
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 from tvm_probe.core.metrics import error_stats
 from tvm_probe.core.schema import Exit
-from tvm_probe.quantization import QuantizationError, compare_quantized, sensitivity
+from tvm_probe import Probe
+from tvm_probe.quantization import (
+    QuantizationError,
+    compare_quantized,
+    quantized_ops,
+    sensitivity,
+    switchable,
+    with_float_ops,
+)
 
 D = 16
 
@@ -119,13 +127,18 @@ def test_outlier_layer_ranks_first_and_is_kept_in_float(outlier, tmp_path):
 
     ranking = sensitivity(float_path, qdq_path, inputs, comparison=report)
     assert ranking.ranking()[0] == "layer1/MatMul"
-    best = ranking.table().iloc[0]
+    assert ranking.note == ""  # the switchable build reproduced the real builds it was checked against
+    best, last = ranking.table().iloc[0], ranking.table().iloc[-1]
     assert best["gain_db"] > 3 and best["sqnr_db"] > ranking.baseline_sqnr_db
-    # the variant's figure is its outputs against the float model: rebuilt by onnxruntime here
+    # each figure is the outputs of that variant, built here as its own model, against the float model
     variant = ranking.quantized_model_with(keep_float=["layer1/MatMul"], path=tmp_path / "keep.onnx")
     assert (tmp_path / "keep.onnx").is_file()
     node = next(n for n in variant.graph.node if n.name == "layer1/MatMul")
     assert list(node.input) == ["t1", "w1"]  # the float tensor and the float model's own weight
+    for row in (best, last):
+        built = Probe.from_onnx(ranking.quantized_model_with(keep_float=[row["name"]])).run(inputs, capture=None)
+        assert row["sqnr_db"] == error_stats(built["y"], float_values["y"]).snr_db
+    # and onnxruntime's run of the variant tells the same story
     runtime_variant = onnxruntime_values(variant, inputs, names=["y"])["y"]
     assert best["sqnr_db"] == pytest.approx(error_stats(runtime_variant, float_values["y"]).snr_db, abs=0.5)
 
@@ -134,6 +147,21 @@ def test_outlier_layer_ranks_first_and_is_kept_in_float(outlier, tmp_path):
     assert ranking.keep_float(target_sqnr_db=ranking.baseline_sqnr_db - 1) == []
     with pytest.raises(QuantizationError, match="below the target 1000 dB"):
         ranking.keep_float(target_sqnr_db=1000)
+
+
+def test_switchable_model_is_each_variant(outlier):
+    """The one model holding every variant computes, flag by flag, what the variant's own model
+    computes (both run by onnxruntime here)."""
+    float_path, qdq_path = outlier
+    float_model, qdq = onnx.load(float_path), onnx.load(qdq_path)
+    model, flags = switchable(float_model, qdq)
+    assert list(flags) == [op.name for op in quantized_ops(float_model, qdq)]
+    inputs = _inputs()
+    for kept in ([], ["layer1/MatMul"], ["layer0/Mul", "layer2/MatMul"]):
+        feed = dict(inputs, **{flag: np.array(name in kept) for name, flag in flags.items()})
+        switched = onnxruntime_values(model, feed, names=["y"])["y"]
+        alone = onnxruntime_values(with_float_ops(float_model, qdq, kept) if kept else qdq, inputs, names=["y"])["y"]
+        np.testing.assert_array_equal(switched, alone)
 
 
 def test_tvm_divergence_on_quantize_linear_of_nan_is_named(with_nan):

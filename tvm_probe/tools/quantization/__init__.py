@@ -10,4 +10,4 @@ ONNX QDQ models (:mod:`.onnx_qdq`, :mod:`.qdq_graph`)::
 """
 
 from .onnx_qdq import QuantizationComparison, Sensitivity, compare_quantized, sensitivity  # noqa: F401
-from .qdq_graph import QuantizationError, QuantizedOp, quantized_ops, with_float_ops  # noqa: F401
+from .qdq_graph import QuantizationError, QuantizedOp, quantized_ops, switchable, with_float_ops  # noqa: F401

@@ -20,12 +20,17 @@ worst (:func:`tvm_probe.core.metrics.worst`).  Values are each op's first output
 of :func:`~.qdq_graph.quantized_ops`.
 
 **Cost.** ``compare_quantized`` builds the QDQ model once (with the probe) and runs onnxruntime
-twice.  ``sensitivity`` builds one variant per quantized op (a different graph: TVM compiles it
-again) and runs each once, capturing nothing; builds are kept by the set of ops in float, so
-``keep_float`` rebuilds only sets it has not seen.  ``bench/quantization.py`` measures it.
+twice.  ``sensitivity`` does not compile one model per op: it builds once a model holding every
+variant (:func:`~.qdq_graph.switchable`: each op's dequantized inputs behind a ``Where`` on a
+boolean input, so the variant is chosen when the model runs) and runs it once per op.  That build
+is trusted only as far as it is checked against real builds, bit for bit: with no op in float
+(the QDQ model itself), with the top-ranked op in float, and with the set ``keep_float`` returns;
+if one differs, every variant is built on its own instead (logged, and
+:attr:`Sensitivity.note` says so).  ``bench/quantization.py`` measures both ways.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +45,9 @@ from ...core.metrics import ErrorStats, error_stats, worst
 from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from ...importer.onnx import load_onnx
 from ...probe.probe import Probe
-from .qdq_graph import QuantizationError, QuantizedOp, output_names, quantized_ops, with_float_ops
+from .qdq_graph import QuantizationError, QuantizedOp, output_names, quantized_ops, switchable, with_float_ops
+
+log = logging.getLogger(__name__)
 
 
 class _Study:
@@ -58,6 +65,8 @@ class _Study:
         self._runtime_q: dict | None = None
         self.builds: dict[frozenset, dict[str, np.ndarray]] = {}  # ops in float -> TVM's outputs
         self.probe = None
+        self._switch = None   # (probe, flags) of the model holding every variant, once built and trusted
+        self.switch_note = ""  # why the variants are built one by one ('' while the switch is used)
 
     @property
     def runtime_values(self) -> dict[str, np.ndarray]:
@@ -74,12 +83,48 @@ class _Study:
         return self.probe
 
     def outputs_with(self, kept: Iterable[str]) -> dict[str, np.ndarray]:
-        """TVM's outputs of the QDQ model with ``kept`` in float (one build per set, kept)."""
+        """TVM's outputs of the QDQ model with ``kept`` in float, built as that model (one build per
+        set, kept)."""
         key = frozenset(kept)
         if key not in self.builds:
             model = with_float_ops(self.float_model, self.quantized_model, sorted(key)) if key else self.quantized_model
             self.builds[key] = Probe.from_onnx(model, self.target, self.pipeline).run(self.inputs, capture=None)
         return self.builds[key]
+
+    def variant_outputs(self, kept: Iterable[str]) -> dict[str, np.ndarray]:
+        """TVM's outputs with ``kept`` in float: a run of the switchable build (one build for every
+        variant) while it reproduces the real builds, else :meth:`outputs_with`."""
+        switch = self._switch_probe()
+        if switch is None:
+            return self.outputs_with(kept)
+        probe, flags = switch
+        kept = set(kept)
+        feed = dict(self.inputs, **{flag: np.array(name in kept) for name, flag in flags.items()})
+        return probe.run(feed, capture=None)
+
+    def _switch_probe(self):
+        """The switchable build (:func:`~.qdq_graph.switchable`), trusted only while its outputs
+        equal the plain QDQ build's bit for bit; None once they did not (then noted)."""
+        if self._switch is None and not self.switch_note:
+            model, flags = switchable(self.float_model, self.quantized_model)
+            self._switch = (Probe.from_onnx(model, self.target, self.pipeline), flags)
+            self.check_switch(())
+        return self._switch
+
+    def check_switch(self, kept: Iterable[str]) -> bool:
+        """Whether the switchable build gives what the real build of ``kept`` in float gives;
+        when not, the variants are built one by one from now on (and :attr:`switch_note` says why)."""
+        if self._switch is None:
+            return not self.switch_note
+        kept = sorted(kept)
+        switched, real = self.variant_outputs(kept), self.outputs_with(kept)
+        same = all(np.array_equal(switched[q], real[q], equal_nan=True) for _, q in self.outputs)
+        if not same:
+            self._switch = None
+            self.switch_note = (f"the switchable build differs from the build of the QDQ model with "
+                                f"{', '.join(kept) or 'no op'} in float: every variant is built on its own")
+            log.warning(self.switch_note)
+        return same
 
     def output_stats(self, outputs: Mapping[str, np.ndarray]) -> ErrorStats:
         """The outputs against the float model's (onnxruntime), folded to the worst."""
@@ -195,6 +240,12 @@ class Sensitivity:
     baseline_sqnr_db: float
     study: _Study = field(repr=False, default=None)
 
+    @property
+    def note(self) -> str:
+        """Why the variants were built one by one ('' when the switchable build reproduced the
+        real builds it was checked against: see the module docstring)."""
+        return self.study.switch_note
+
     COLUMNS = ("rank", "name", "op_type", "sqnr_db", "gain_db", "max_abs", "cosine")
 
     def table(self):
@@ -222,9 +273,11 @@ class Sensitivity:
         names = self.ranking()
         reached = -math.inf
         for n in range(1, len(names) + 1):
-            reached = self.study.output_stats(self.study.outputs_with(names[:n])).snr_db
-            if reached >= target_sqnr_db:
+            reached = self.study.output_stats(self.study.variant_outputs(names[:n])).snr_db
+            if reached >= target_sqnr_db and self.study.check_switch(names[:n]):  # the answer, built for real
                 return names[:n]
+            if reached >= target_sqnr_db:  # the switchable build was wrong: search again, building each set
+                return self.keep_float(target_sqnr_db)
         raise QuantizationError(f"the outputs reach {reached:.1f} dB with every quantized op in float, below the "
                                 f"target {target_sqnr_db:g} dB: lower the target (the QDQ model as given has "
                                 f"{self.baseline_sqnr_db:.1f} dB)")
@@ -264,10 +317,19 @@ def sensitivity(float_model, quantized_model, inputs: Mapping[str, np.ndarray], 
     baseline = study.output_stats(study.outputs_with(())).snr_db
     rows = []
     for op in study.ops:
-        stats = study.output_stats(study.outputs_with([op.name]))
+        stats = study.output_stats(study.variant_outputs([op.name]))
         rows.append({"name": op.name, "op_type": op.op_type, "sqnr_db": stats.snr_db,
                      "gain_db": stats.snr_db - baseline, "max_abs": stats.max_abs, "cosine": stats.cosine})
     rows.sort(key=lambda r: -r["sqnr_db"] if not math.isnan(r["sqnr_db"]) else math.inf)
+    if rows and not study.check_switch([rows[0]["name"]]):  # the switchable build lied: build each variant
+        return sensitivity(float_model, quantized_model, inputs, pipeline, target, comparison=_Again(study))
     for i, row in enumerate(rows):
         row["rank"] = i + 1
     return Sensitivity(rows=rows, baseline_sqnr_db=baseline, study=study)
+
+
+@dataclass
+class _Again:
+    """A study handed back to :func:`sensitivity` (its builds reused)."""
+
+    study: _Study

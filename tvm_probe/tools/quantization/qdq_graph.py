@@ -159,6 +159,55 @@ def _prune(graph) -> None:
         graph.initializer.extend(keep)
 
 
+def switchable(float_model, quantized_model):
+    """One model holding every single-op variant: ``(model, flags)``, ``flags`` mapping each
+    quantized op's name to a boolean scalar input of ``model``.  Each input the op reads through a
+    ``DequantizeLinear`` is read through ``Where(flag, <the float tensor>, <the dequantized one>)``
+    instead, so that with the op's flag true it computes on what :func:`with_float_ops` would give
+    it, and with every flag false the model computes what ``quantized_model`` does.  A ``Where``
+    selects, it computes nothing: each op's own arithmetic is the same in every variant.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    ops = quantized_ops(float_model, quantized_model)
+    model = onnx.ModelProto()
+    model.CopyFrom(quantized_model)
+    graph, producers = model.graph, _producers(model)
+    float_nodes = {n.name: n for n in float_model.graph.node if n.name}
+    float_inits = {t.name: t for t in float_model.graph.initializer}
+    present = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    flags, nodes = {}, [_copy(n) for n in graph.node]
+    inserted: dict[int, list] = {}
+    for k, op in enumerate(ops):
+        flag = flags[op.name] = f"tvm_probe_keep_float_{k}"
+        graph.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
+        node, float_node = nodes[op.index], float_nodes[op.name]
+        for j in op.dequantized:
+            dequantized = node.input[j]
+            source = _float_input(graph, producers, dequantized,
+                                  float_node.input[j] if j < len(float_node.input) else "", float_inits, present)
+            if source == dequantized:
+                continue
+            switched = f"{flag}_input{j}"
+            inserted.setdefault(op.index, []).append(
+                helper.make_node("Where", [flag, source, dequantized], [switched], name=switched))
+            node.input[j] = switched
+    del graph.node[:]
+    for i, node in enumerate(nodes):
+        graph.node.extend(inserted.get(i, []))
+        graph.node.append(node)
+    return model, flags
+
+
+def _copy(node):
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
 def output_names(float_model, quantized_model) -> list[tuple[str, str]]:
     """(float model output, the QDQ model's output) pairs, by position."""
     f_out, q_out = [o.name for o in float_model.graph.output], [o.name for o in quantized_model.graph.output]
