@@ -10,19 +10,16 @@ Expected values come from onnxruntime and numpy, never from tvm_probe's own outp
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-from tvm_probe.app.cli import main
-from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
-from tvm_probe.core.metrics import error_stats
-from tvm_probe.core.schema import Exit
-from tvm_probe import Probe
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
 from tvm_probe.quantization import (
     QuantizationError,
     compare_quantized,
@@ -31,6 +28,12 @@ from tvm_probe.quantization import (
     switchable,
     with_float_ops,
 )
+
+from tvm_probe import Probe
+from tvm_probe.app.cli import main
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from tvm_probe.core.metrics import error_stats
+from tvm_probe.core.schema import Exit
 
 D = 16
 
@@ -212,3 +215,29 @@ def test_cli_quantization_end_to_end(outlier, tmp_path, capsys):
     status = main(["-q", "quantization", str(float_path), str(tmp_path / "missing.onnx")])
     assert status == Exit.BAD_INPUT
     assert "missing.onnx" in capsys.readouterr().err
+
+
+def test_yaml_quantization_key_runs_the_same(outlier, tmp_path, capsys):
+    float_path, qdq_path = outlier
+    np.save(tmp_path / "x.npy", _inputs()["x"])
+    config = tmp_path / "quant.yaml"
+    config.write_text(f"model: {{onnx: {float_path}}}\nquantization: {{model: {qdq_path}, target_sqnr: 1000}}\n"
+                      f"inputs: {{x: {{file: x.npy}}}}\noutput: {{report: out}}\n")
+    assert main(["-q", "run", str(config)]) == Exit.DIVERGED  # 1000 dB: no set of ops in float reaches it
+    printed = capsys.readouterr().out
+    assert "1. layer1/MatMul" in printed and "below the target 1000 dB" in printed
+    assert (tmp_path / "out" / "sensitivity.csv").is_file() and (tmp_path / "out" / "quantization.csv").is_file()
+
+
+def test_yaml_quantization_key_is_checked(tmp_path):
+    from tvm_probe.app.config import ConfigError, load_config
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("model: {demo: {}}\nquantization: {model: missing.onnx, target_sqnr: high}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "quantization: compares an ONNX model with its QDQ model" in message
+    assert "quantization.model: file" in message and "missing.onnx' does not exist" in message
+    assert "quantization.target_sqnr: must be a number of dB, got 'high'" in message

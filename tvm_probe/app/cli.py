@@ -37,10 +37,10 @@ from ..core.native_log import native_log_to_logging, release_native
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, EXIT_HELP, PIPELINES, Exit
 from ..core.sources import Kind
 from ..core.tolerance import default_tolerance
+from ..importer.onnx import load_onnx
 from ..llm import GenerationOutcome
 from ..show.report import write_graph, write_report
 from ..show.view import export, model_explorer, reference_comparison, view
-from ..importer.onnx import load_onnx
 from ..store.dump import load_dump
 from .config import ConfigError, load_config
 from .investigate import (

@@ -9,5 +9,16 @@ ONNX QDQ models (:mod:`.onnx_qdq`, :mod:`.qdq_graph`)::
     ranking.keep_float(target_sqnr_db=30)                         # ops to leave in float
 """
 
-from .onnx_qdq import QuantizationComparison, Sensitivity, compare_quantized, sensitivity  # noqa: F401
-from .qdq_graph import QuantizationError, QuantizedOp, quantized_ops, switchable, with_float_ops  # noqa: F401
+from .onnx_qdq import (  # noqa: F401
+    QuantizationComparison,
+    Sensitivity,
+    compare_quantized,
+    sensitivity,
+)
+from .qdq_graph import (  # noqa: F401
+    QuantizationError,
+    QuantizedOp,
+    quantized_ops,
+    switchable,
+    with_float_ops,
+)

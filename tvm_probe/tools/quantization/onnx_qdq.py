@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -45,7 +45,14 @@ from ...core.metrics import ErrorStats, error_stats, worst
 from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from ...importer.onnx import load_onnx
 from ...probe.probe import Probe
-from .qdq_graph import QuantizationError, QuantizedOp, output_names, quantized_ops, switchable, with_float_ops
+from .qdq_graph import (
+    QuantizationError,
+    QuantizedOp,
+    output_names,
+    quantized_ops,
+    switchable,
+    with_float_ops,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +107,7 @@ class _Study:
         probe, flags = switch
         kept = set(kept)
         feed = dict(self.inputs, **{flag: np.array(name in kept) for name, flag in flags.items()})
-        return probe.run(feed, capture=None)
+        return {k: np.array(v) for k, v in probe.run(feed, capture=None).items()}  # ours, whatever runs next
 
     def _switch_probe(self):
         """The switchable build (:func:`~.qdq_graph.switchable`), trusted only while its outputs
@@ -118,7 +125,7 @@ class _Study:
             return not self.switch_note
         kept = sorted(kept)
         switched, real = self.variant_outputs(kept), self.outputs_with(kept)
-        same = all(np.array_equal(switched[q], real[q], equal_nan=True) for _, q in self.outputs)
+        same = all(_identical(switched[q], real[q]) for _, q in self.outputs)
         if not same:
             self._switch = None
             self.switch_note = (f"the switchable build differs from the build of the QDQ model with "
@@ -129,6 +136,14 @@ class _Study:
     def output_stats(self, outputs: Mapping[str, np.ndarray]) -> ErrorStats:
         """The outputs against the float model's (onnxruntime), folded to the worst."""
         return worst(error_stats(outputs[q], self.float_values[f]) for f, q in self.outputs)
+
+
+def _identical(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit the same values (NaN where the other has NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
 
 
 # -- compare_quantized -----------------------------------------------------------------------
@@ -295,8 +310,8 @@ class Sensitivity:
 
     def lines(self, n: int = 10) -> list[str]:
         """The ranking as text (the first ``n`` ops)."""
-        lines = [f"QDQ model as given: outputs' SQNR {self.baseline_sqnr_db:.1f} dB; with one op in float "
-                 "(best first):"]
+        lines = [(f"QDQ model as given: outputs' SQNR {self.baseline_sqnr_db:.1f} dB; with one op in float "
+                  "(best first):")]
         lines += [f"  {r['rank']:>3}. {r['name']} ({r['op_type']}): {r['sqnr_db']:.1f} dB ({r['gain_db']:+.1f})"
                   for r in self.rows[:n]]
         return lines

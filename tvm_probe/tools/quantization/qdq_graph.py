@@ -19,8 +19,8 @@ the quantized ops that read it (their inputs are theirs to keep or not).  ``Quan
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ...core.errors import ModelError
 
