@@ -241,3 +241,16 @@ def test_yaml_quantization_key_is_checked(tmp_path):
     assert "quantization: compares an ONNX model with its QDQ model" in message
     assert "quantization.model: file" in message and "missing.onnx' does not exist" in message
     assert "quantization.target_sqnr: must be a number of dB, got 'high'" in message
+
+
+def test_docs_page_runs_as_written(tmp_path, monkeypatch):
+    """docs/quantization.md's Python block, run from an empty folder, twice (it rewrites its files)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "quantization.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        exec(compile(block, "docs/quantization.md", "exec"), {"__name__": "docs"})
+    assert (tmp_path / "qdq_keep.onnx").is_file()
