@@ -254,3 +254,25 @@ def test_docs_page_runs_as_written(tmp_path, monkeypatch):
     for _ in range(2):
         exec(compile(block, "docs/quantization.md", "exec"), {"__name__": "docs"})
     assert (tmp_path / "qdq_keep.onnx").is_file()
+
+
+def test_view_overlays_show_each_ops_figures(outlier, tmp_path):
+    pytest.importorskip("model_explorer_onnx")
+    import json
+
+    from tvm_probe.show.view import export_quantization
+
+    float_path, qdq_path = outlier
+    inputs = _inputs()
+    report = compare_quantized(float_path, qdq_path, inputs)
+    ranking = sensitivity(float_path, qdq_path, inputs, comparison=report)
+    (command,) = export_quantization(report, tmp_path / "view", ranking)
+    assert command.startswith(f"model-explorer {tmp_path / 'view' / 'float.onnx'}")
+    (graph_id, sqnr), = json.loads((tmp_path / "view" / "quantization.sqnr_db.json").read_text()).items()
+    gain = json.loads((tmp_path / "view" / "quantization.gain_kept_in_float_db.json").read_text())[graph_id]
+    rows, ranked = report.table().set_index("name"), ranking.table().set_index("name")
+    # Model Explorer's ONNX adapter names the nodes by their ONNX names here (all named, unique)
+    assert set(sqnr["results"]) == set(rows.index)
+    for name, result in sqnr["results"].items():
+        assert result["value"] == pytest.approx(rows.loc[name, "sqnr_db"])
+        assert gain["results"][name]["value"] == pytest.approx(ranked.loc[name, "gain_db"])

@@ -432,6 +432,8 @@ def _quantization_arguments(command) -> None:
                        help="find the ops to keep in float so that the outputs' SQNR reaches DB")
     quant.add_argument("-o", "--output", type=Path, default=Path("quantization"),
                        help="folder for the tables (default: ./quantization)")
+    quant.add_argument("--view", action="store_true",
+                       help="also write Model Explorer overlays of the float model to DIR/view (needs tvm_probe[view])")
     quant.add_argument("--pipeline", default=DEFAULT_PIPELINE, choices=PIPELINES,
                        help=f"TVM pipeline (default: {DEFAULT_PIPELINE})")
     quant.add_argument("--target", default=DEFAULT_TARGET, help=f"TVM target (default: {DEFAULT_TARGET})")
@@ -442,7 +444,8 @@ def _cmd_quantization(args, progress) -> int:
     load_onnx(args.quantized_model)  # a missing file is said before any work
     given = _read_inputs(args.inputs, float_model) if args.inputs is not None else None
     outcome = quantization_investigation(float_model, args.quantized_model, model_inputs(float_model, given),
-                                         args.output, args.target_sqnr, args.pipeline, args.target, progress)
+                                         args.output, args.target_sqnr, args.pipeline, args.target, progress,
+                                         view=args.view)
     for line in outcome.lines():
         print(line)
     return outcome.exit_code

@@ -27,6 +27,7 @@ from ..llm import investigate_generation
 from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference
 from ..show.report import write_precision_report, write_report
+from ..show.view import export_quantization
 from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
 from ..tools.quantization import QuantizationError, compare_quantized, sensitivity
 from ..tools.reduce import reduce
@@ -317,6 +318,7 @@ class QuantizationOutcome:
     keep_float: list[str] | None = None
     unreachable: str = ""   # why no set of ops in float reaches the target ('' when one does)
     files: dict[str, Path] = field(default_factory=dict)
+    view_commands: list[str] = field(default_factory=list)  # model-explorer command lines (view=True)
 
     @property
     def exit_code(self) -> int:
@@ -333,16 +335,19 @@ class QuantizationOutcome:
                                                                               "reaches the target)"))
         if self.unreachable:
             lines.append(self.unreachable)
-        return lines + [f"{kind}: {path}" for kind, path in self.files.items()]
+        lines += [f"{kind}: {path}" for kind, path in self.files.items()]
+        return lines + [f"view: {command}" for command in self.view_commands]
 
 
 def quantization_investigation(float_model, quantized_model, inputs: dict[str, np.ndarray], out_dir,
                                target_sqnr: float | None = None, pipeline: str = DEFAULT_PIPELINE,
-                               target: str = DEFAULT_TARGET, progress: Progress | None = None) -> QuantizationOutcome:
+                               target: str = DEFAULT_TARGET, progress: Progress | None = None,
+                               view: bool = False) -> QuantizationOutcome:
     """Compare TVM's build of the QDQ model ``quantized_model`` with the float model and with
     onnxruntime, rank its ops by the outputs' SQNR with each kept in float, and (with
     ``target_sqnr``) find the ops to keep in float.  Writes ``out_dir/quantization.csv``,
-    ``sensitivity.csv`` and, with a target, ``keep_float.onnx`` (the QDQ model with them in float)."""
+    ``sensitivity.csv``, with a target ``keep_float.onnx`` (the QDQ model with them in float),
+    and with ``view`` the Model Explorer overlays of the float model in ``out_dir/view``."""
     progress = progress or Progress(enabled=False)
     with progress.stage(f"compare ({pipeline} pipeline, {target})"):
         comparison = compare_quantized(float_model, quantized_model, inputs, pipeline=pipeline, target=target)
@@ -363,6 +368,8 @@ def quantization_investigation(float_model, quantized_model, inputs: dict[str, n
     for kind, table in (("quantization", comparison.table()), ("sensitivity", ranking.table())):
         outcome.files[kind] = out_dir / f"{kind}.csv"
         table.to_csv(outcome.files[kind], index=False)
+    if view:
+        outcome.view_commands = export_quantization(comparison, out_dir / "view", ranking, overwrite=True)
     return outcome
 
 

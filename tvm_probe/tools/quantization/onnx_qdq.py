@@ -175,6 +175,16 @@ class QuantizationComparison:
         """TVM's build of the QDQ model, after its run on the inputs: every value by its name."""
         return self.study.probe
 
+    @property
+    def ops(self) -> list[QuantizedOp]:
+        """The quantized ops, as the rows list them (with their tensors in both models)."""
+        return list(self.study.ops)
+
+    @property
+    def float_model(self):
+        """The float model (an ``onnx.ModelProto``)."""
+        return self.study.float_model
+
     def table(self):
         """DataFrame, one row per op of the float model the QDQ model quantizes, in graph order:
         ``sqnr_db``, ``max_abs``, ``cosine`` of TVM's quantized build against the float model
