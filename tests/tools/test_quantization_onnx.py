@@ -194,7 +194,12 @@ def test_refuses_models_that_are_not_float_and_qdq(outlier, tmp_path):
     with pytest.raises(QuantizationError, match="no op of the float model is quantized"):
         compare_quantized(float_path, float_path, _inputs())
     with pytest.raises(QuantizationError, match="is not an op the quantized model quantizes"):
-        sensitivity(float_path, outlier[1], _inputs()).quantized_model_with(keep_float=["nope"])
+        with_float_ops(onnx.load(float_path), onnx.load(outlier[1]), ["layer0/Mul", "nope"])
+    qoperator = tmp_path / "qop.onnx"
+    quantize_static(str(float_path), str(qoperator), Reader(), quant_format=QuantFormat.QOperator)
+    with pytest.raises(QuantizationError, match="QLinearMatMul.*which TVM 0.27 cannot import: quantize with "
+                                                "quant_format=QuantFormat.QDQ"):
+        compare_quantized(float_path, qoperator, _inputs())
 
 
 def test_cli_quantization_end_to_end(outlier, tmp_path, capsys):
@@ -229,7 +234,7 @@ def test_yaml_quantization_key_runs_the_same(outlier, tmp_path, capsys):
     assert (tmp_path / "out" / "sensitivity.csv").is_file() and (tmp_path / "out" / "quantization.csv").is_file()
 
 
-def test_yaml_quantization_key_is_checked(tmp_path):
+def test_yaml_quantization_key_is_checked(outlier, tmp_path):
     from tvm_probe.app.config import ConfigError, load_config
 
     config = tmp_path / "bad.yaml"
@@ -241,6 +246,10 @@ def test_yaml_quantization_key_is_checked(tmp_path):
     assert "quantization: compares an ONNX model with its QDQ model" in message
     assert "quantization.model: file" in message and "missing.onnx' does not exist" in message
     assert "quantization.target_sqnr: must be a number of dB, got 'high'" in message
+    config.write_text(f"model: {{onnx: {outlier[0]}}}\nquantization: {{model: {outlier[1]}}}\nprecision: fp16\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: precision: cannot go with quantization: \(the float and "
+                                          r"QDQ models are built on this machine as they are\): remove 'precision'$"):
+        load_config(config)
 
 
 def test_docs_page_runs_as_written(tmp_path, monkeypatch):

@@ -382,6 +382,11 @@ class _Validator:
         if not is_no_reference(runtime) and not get_reference(runtime).runs(kind):
             self.fail(("reference",), f"{runtime!r} cannot run {adapter_for(kind).described}: use reference: "
                                       f"{reference_for(kind).name}")
+        if cfg.quantization is not None:  # both models built here as given, compared with onnxruntime
+            for key in ("precision", "remote", "split"):
+                if getattr(cfg, key) is not None:
+                    self.fail((key,), "cannot go with quantization: (the float and QDQ models are built on this "
+                                      f"machine as they are): remove '{key}'")
 
     def resolve(self, value: str) -> Path:
         """A config path: relative ones are relative to the config file's folder."""
