@@ -285,3 +285,18 @@ def test_view_overlays_show_each_ops_figures(outlier, tmp_path):
     for name, result in sqnr["results"].items():
         assert result["value"] == pytest.approx(rows.loc[name, "sqnr_db"])
         assert gain["results"][name]["value"] == pytest.approx(ranked.loc[name, "gain_db"])
+
+
+def test_readme_section_runs_as_written(tmp_path, monkeypatch):
+    """README.md's "Quantization" block, run from an empty folder, twice."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Quantization\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        scope = {"__name__": "readme"}
+        exec(compile(block, "README.md", "exec"), scope)
+        assert scope["report"].first_tvm_divergence is None
+    assert (tmp_path / "qdq_keep.onnx").is_file()
