@@ -418,8 +418,8 @@ def _quantization_arguments(command) -> None:
                                          "check TVM's build of it against onnxruntime",
                     description="Build the QDQ model (onnxruntime's quantize_static, QuantFormat.QDQ) with TVM, "
                                 "compare every quantized op with the float model (onnxruntime) and with "
-                                "onnxruntime's run of the same QDQ model, then rebuild it with each op in float in "
-                                "turn and rank the ops by the outputs' SQNR.  Writes DIR/quantization.csv, "
+                                "onnxruntime's run of the same QDQ model, then rank the ops by the outputs' SQNR with "
+                                "each op in float in turn (one build holds every variant).  Writes DIR/quantization.csv, "
                                 "DIR/sensitivity.csv and, with --target-sqnr, DIR/keep_float.onnx.  Exit 1 when TVM "
                                 "differs from onnxruntime on the QDQ model or the target cannot be reached.",
                     epilog=EXIT_HELP)
@@ -430,7 +430,7 @@ def _quantization_arguments(command) -> None:
                             "uniform in [-1, 1), seed 0")
     quant.add_argument("--target-sqnr", type=float, metavar="DB",
                        help="find the ops to keep in float so that the outputs' SQNR reaches DB")
-    quant.add_argument("-o", "--output", type=Path, default=Path("quantization"),
+    quant.add_argument("-o", "--output", type=Path, default=Path("quantization"), metavar="DIR",
                        help="folder for the tables (default: ./quantization)")
     quant.add_argument("--view", action="store_true",
                        help="also write Model Explorer overlays of the float model to DIR/view (needs tvm_probe[view])")
