@@ -46,7 +46,7 @@ def test_every_problem_is_reported_with_its_line(tmp_path):
         f"line 2: model.onnx: file '{tmp_path / 'missing.onnx'}' does not exist; "
         "line 3: pipeline: must be one of default, fused, default_build, zero, static_shape_tuning, got 'turbo'; "
         "line 4: colour: unknown key; valid keys here: model, inputs, target, pipeline, capture, reference, output, "
-        "split, verify, import_fixes, remote, precision, generate; "
+        "split, verify, import_fixes, remote, precision, generate, quantization; "
         "line 7: reference.atol: must be a number >= 0, got -1")
 
 

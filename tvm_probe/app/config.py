@@ -21,6 +21,8 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
     remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
     precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.precision)
+    quantization: {model: QDQ.onnx, target_sqnr: DB}   (model: {onnx: FLOAT}; `run` compares the QDQ model
+                with it op by op, ranks the ops, writes the tables to output.report; tvm_probe.quantization)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -172,6 +174,15 @@ class SplitSpec:
 
 
 @dataclass(frozen=True)
+class QuantizationSpec:
+    """``quantization:``: the QDQ model of the config's (float) ONNX model, and the outputs' SQNR
+    to reach by keeping ops in float (None: rank only)."""
+
+    model: Path
+    target_sqnr: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated config (see the module docstring)."""
 
@@ -188,6 +199,7 @@ class Config:
     remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
     precision: Any = None   # a tvm_probe.precision.PrecisionSpec: build in reduced precision
     generate: Any = None    # a GenerateSpec: generate with a KV cache, compare every step (model: {hf: ...})
+    quantization: Any = None  # a QuantizationSpec: the float model's QDQ model, compared and ranked
     source: Path | None = None
     overrides: tuple[str, ...] = ()
 
@@ -295,7 +307,7 @@ class _Validator:
 
     def config(self, data: dict) -> Config:
         known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
-                 "import_fixes", "remote", "precision", "generate")
+                 "import_fixes", "remote", "precision", "generate", "quantization")
         self.unknown_keys(data, (), known)
         is_hf = isinstance(data.get("model"), dict) and "hf" in data["model"]
         if "model" not in data:
@@ -315,6 +327,7 @@ class _Validator:
             remote=self.remote(data["remote"]) if data.get("remote") is not None else None,
             precision=self.precision(data.get("precision")),
             generate=self.generate(data.get("generate"), is_hf),
+            quantization=self.quantization(data["quantization"], model) if "quantization" in data else None,
             source=self.path,
             overrides=tuple(self.overridden.values()),
         )
@@ -376,6 +389,11 @@ class _Validator:
         if not is_no_reference(runtime) and not get_reference(runtime).runs(kind):
             self.fail(("reference",), f"{runtime!r} cannot run {adapter_for(kind).described}: use reference: "
                                       f"{reference_for(kind).name}")
+        if cfg.quantization is not None:  # both models built here as given, compared with onnxruntime
+            for key in ("precision", "remote", "split"):
+                if getattr(cfg, key) is not None:
+                    self.fail((key,), "cannot go with quantization: (the float and QDQ models are built on this "
+                                      f"machine as they are): remove '{key}'")
 
     def resolve(self, value: str) -> Path:
         """A config path: relative ones are relative to the config file's folder."""
@@ -488,6 +506,25 @@ class _Validator:
                 got = low
             ints[key] = got
         return GenerateSpec(prompt=tuple(prompt) if prompt != "random" else "random", **ints)
+
+    def quantization(self, value, model: ModelSpec | None) -> QuantizationSpec | None:
+        """``quantization: {model: QDQ.onnx, target_sqnr: DB}`` beside ``model: {onnx: FLOAT}``."""
+        keys = ("quantization",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("model", "target_sqnr"))
+        if model is not None and model.kind != "onnx":
+            self.fail(keys, f"compares an ONNX model with its QDQ model: give model: {{onnx: FLOAT.onnx}}, "
+                            f"not a {model.kind} model")
+        if "model" not in value:
+            self.fail(keys + ("model",), "missing: the QDQ model (quantize_static(..., QuantFormat.QDQ))")
+            return None
+        path = self.existing_file(value["model"], keys + ("model",))
+        target = value.get("target_sqnr")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+            self.fail(keys + ("target_sqnr",), f"must be a number of dB, got {target!r}")
+            target = None
+        return QuantizationSpec(path, float(target) if target is not None else None) if path else None
 
     def inputs(self, value) -> tuple[InputSource, ...]:
         keys = ("inputs",)

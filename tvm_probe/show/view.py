@@ -553,6 +553,52 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
                              no_open_in_browser=True)
 
 
+# ------------------------------------------------------------------------------ quantization overlays
+#: Per-op figures of tvm_probe.quantization shown on the float model: (overlay, row column, thresholds)
+QUANTIZATION_OVERLAYS = (
+    ("sqnr (dB)", "sqnr_db", [{"value": 10, "bgColor": FAILED}, {"value": 20, "bgColor": NEAR},
+                              {"value": _HUGE, "bgColor": PASSED}]),
+    ("tvm vs onnxruntime", "tvm_vs_runtime", [{"value": 1e-5, "bgColor": PASSED}, {"value": _HUGE, "bgColor": FAILED}]),
+    ("sqnr kept in float (dB)", "sensitivity_sqnr_db", []),
+    ("gain kept in float (dB)", "gain_db", [{"value": 1, "bgColor": PASSED}, {"value": 3, "bgColor": NEAR},
+                                            {"value": _HUGE, "bgColor": FAILED}]),
+)
+
+
+def export_quantization(comparison, folder, sensitivity=None, overwrite: bool = False) -> list[str]:
+    """Write the float model and Model Explorer overlays of a quantization comparison (and ranking)
+    into ``folder``: per quantized op, its SQNR, TVM against onnxruntime, and (with ``sensitivity``)
+    the outputs' SQNR and gain with that op in float.  Returns the ``model-explorer`` command
+    line that loads them.  ``comparison`` is :func:`tvm_probe.quantization.compare_quantized`'s."""
+    import onnx
+
+    model_explorer()
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise ProbeError(f"'{folder}' exists and is not empty: choose another folder or pass overwrite=True")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "float.onnx"
+    onnx.save(comparison.float_model, str(path))
+    rows = {r["name"]: dict(r) for r in comparison.rows}
+    for r in sensitivity.rows if sensitivity is not None else ():
+        rows[r["name"]].update(sensitivity_sqnr_db=r["sqnr_db"], gain_db=r["gain_db"])
+    tensors = {op.float_tensor: op.name for op in comparison.ops}
+    graph_id, nodes = _onnx_nodes(path, set(tensors))
+    overlays = []
+    for overlay, column, scale in QUANTIZATION_OVERLAYS:
+        results = {}
+        for node_id, keys in nodes.items():
+            value = rows[tensors[keys[0]]].get(column)
+            if value is not None and not math.isnan(value):
+                results[node_id] = {"value": max(min(float(value), _HUGE), -_HUGE)}  # JSON has no infinity
+        if results:
+            data = {"name": f"tvm_probe {overlay}", "results": results, **({"thresholds": scale} if scale else {})}
+            overlays.append(folder / f"quantization.{_file_name(overlay)}.json")
+            _write(overlays[-1], {graph_id: data})
+    return [f"model-explorer {path} --extensions=model_explorer_onnx --node_data_paths="
+            + ",".join(str(p) for p in overlays)]
+
+
 def reference_comparison(reader, model_path=None, atol=None, rtol=None):
     """The dump compared with the reference of its model on its own inputs (``tvm-probe compare``)."""
     return compare_dump(reader, model_path, atol, rtol)
