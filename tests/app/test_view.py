@@ -10,17 +10,13 @@ protocol (a websocket); a screenshot of each page is saved under ``build/test-ar
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import shutil
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +24,7 @@ import numpy as np
 import onnx
 import pytest
 from support import SUPPORT
+from support.browser import Chromium, free_port, needs_chromium, png_size, wait
 from support.tvm_bugs import BUGS
 
 from tvm_probe import Probe, load_dump
@@ -37,10 +34,6 @@ me = pytest.importorskip("model_explorer", reason='the view extra is not install
 
 BUG = BUGS["relu_nan"]
 DIVERGENT = BUG.nodes[0]          # "bug/relu": where TVM's arithmetic goes wrong
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                    "(apt-get install chromium; .ci/run does)")
-ARTIFACTS = Path(os.environ.get("TVM_PROBE_ARTIFACTS", Path(__file__).parents[2] / "build" / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -171,87 +164,10 @@ def test_a_port_in_use_is_a_one_line_error(bug_dump, capsys):
 
 
 # ------------------------------------------------------------------------------ a real browser
-class Chromium:
-    """Headless Debian chromium driven through the DevTools protocol (one page)."""
-
-    def __init__(self, url: str, size=(1400, 900)):
-        import websocket
-
-        self.profile = tempfile.mkdtemp(prefix="tvm_probe_chromium_")
-        port = _free_port()
-        self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
-             f"--window-size={size[0]},{size[1]}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        page = _wait(lambda: next((p for p in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-                                   if p["type"] == "page"), None), 30, "chromium's DevTools endpoint")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True, timeout=60)
-        self.n = 0
-
-    def call(self, method: str, **params):
-        self.n += 1
-        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == self.n:
-                assert "error" not in msg, msg
-                return msg["result"]
-
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
-
-    def wait_for(self, *patterns: str, timeout: float = 60) -> str:
-        """The page's text once every regular expression (case-insensitive) matches in it: the
-        page keeps rendering after it loads, so a single reading could come too early."""
-        def ready():
-            text = self.evaluate("document.body ? document.body.innerText : ''") or ""
-            return text if all(re.search(p, text, re.I) for p in patterns) else None
-        return _wait(ready, timeout, f"the page to show {patterns}")
-
-    def screenshot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / name
-        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
-        return path
-
-    def close(self):
-        self.ws.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        shutil.rmtree(self.profile, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(probe, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            got = probe()
-        except OSError:
-            got = None
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
-
-
 @pytest.fixture(scope="module")
 def server(bug_dump):
     """``tvm-probe view DUMP --no-browser`` on a free port, as a user starts it; its page address."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(bug_dump), "--no-browser",
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -261,7 +177,7 @@ def server(bug_dump):
                 url = line.split(": ", 1)[1].strip()
                 break
         assert url and f":{port}/" in url, "tvm-probe view printed no address"
-        _wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
+        wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
               60, "Model Explorer's server")
         yield url
     finally:
@@ -283,7 +199,7 @@ def test_the_divergent_nodes_overlay_is_on_the_rendered_page(server):
     finally:
         browser.close()
     assert "tvm_probe time (us)" in text
-    width, height = _png_size(shot)  # the viewport: the window less its frame
+    width, height = png_size(shot)  # the viewport: the window less its frame
     assert width == 1400 and height > 600 and shot.stat().st_size > 20_000
 
 
@@ -320,7 +236,7 @@ def test_the_exported_kernel_graph_loads_in_model_explorers_own_server(exported)
 
     command = _read(exported / "view.json")["commands"][-1].split()
     assert command[0] == "model-explorer" and command[1].endswith("kernels.json")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([shutil.which("model-explorer"), *command[1:], "--no_open_in_browser", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
