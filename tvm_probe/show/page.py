@@ -40,8 +40,8 @@ table.data td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabul
 table.data td.name{min-width:16em;max-width:44em}
 table.data th{background:#f5f5f5;white-space:nowrap}
 tr.first-divergent td{background:#ffcdd2}tr.diverged td{background:#fff3e0}tr.unchecked td{background:#f5f5f5}
-table.facts td{border:none;padding:1px 10px 1px 0;vertical-align:top}table.facts td:first-child{color:#616161}
 details{margin:.4em 0}summary{cursor:pointer;color:#1565c0}details.raw summary{font-size:12px}
+details.raw>div{overflow-x:auto}details.raw td{white-space:nowrap}
 .graph{border:1px solid #e0e0e0;padding:4px;overflow:auto;max-height:92vh}
 .graph-columns{display:flex;gap:10px;align-items:flex-start}.graph-column{flex:none;border-left:1px dashed #e0e0e0}
 .legend{display:flex;flex-wrap:wrap;gap:.4em 1.2em;font-size:12px;margin:.3em 0}
@@ -55,8 +55,9 @@ code{font-size:12px;overflow-wrap:normal}
 
 # ------------------------------------------------------------------------------------ cells
 def _name(text) -> str:
-    """A source name, escaped, that may wrap after ``/`` or ``.`` but never inside a word."""
-    return re.sub(r"([/.])", r"\1<wbr>", html.escape(str(text)))
+    """A source name, escaped, that may wrap after ``/`` or a ``.`` of a module path
+    (``layers.0.mlp``, not ``0.0001``), never inside a word."""
+    return re.sub(r"(/|(?<=[A-Za-z_])\.|\.(?=[A-Za-z_]))", r"\1<wbr>", html.escape(str(text)))
 
 
 def _err(x) -> str:
@@ -100,7 +101,7 @@ def raw_table(table) -> str:
 
 def _all_columns(table) -> str:
     return (f'<details class="raw"><summary>all {len(table.columns)} columns</summary>\n'
-            f"{raw_table(table)}\n</details>")
+            f"<div>{raw_table(table)}</div>\n</details>")
 
 
 # ------------------------------------------------------------------------------------ the page
@@ -175,6 +176,11 @@ VALUE_COLUMNS = [("#", "order", "num", None), ("status", "status", "text", None)
                  ("note", "note", "text", None)]
 
 
+def _with_notes(columns: list[tuple], rows: list[dict]) -> list[tuple]:
+    """``columns`` without the note column when no row has a note."""
+    return columns if any(r.get("note") for r in rows) else [c for c in columns if c[1] != "note"]
+
+
 def _row_class(row) -> str:
     return row["status"].replace(" ", "-")
 
@@ -183,12 +189,12 @@ def _what_failed(results, comparison) -> str:
     out = ['<section id="failed"><h2>What failed</h2>']
     first = comparison.first_divergent
     if first is not None:
-        facts = [("served", first.served), ("where", _where(results, first.key)),
-                 ("max abs error", _err(first.max_abs)), ("max rel error", _err(first.max_rel)),
-                 ("tolerance", first.tolerance), ("cosine", _number(first.cosine, ".6g")), ("what", first.describe())]
+        facts = {"served": first.served, "where": _where(results, first.key), "max_abs": first.max_abs,
+                 "max_rel": first.max_rel, "tolerance": first.tolerance, "cosine": first.cosine, "note": first.note,
+                 "dtype": first.dtype}
+        columns = [("served", "served", "text", None), ("where", "where", "text", None)] + VALUE_COLUMNS[4:]
         out.append(f'<p>First divergent op: <code id="first-divergent">{_name(first.name)}</code></p>'
-                   '<table class="facts">' + "".join(f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>"
-                                                     for k, v in facts if v) + "</table>")
+                   + _table([facts], _with_notes(columns, [facts]), table_id="first-divergent-facts"))
     rows = [r for r in _value_rows(comparison) if r["status"] in (Status.FIRST_DIVERGENT.value, Status.DIVERGED.value,
                                                                     Status.UNCHECKED.value)]
     bad = [r for r in rows if r["status"] != Status.UNCHECKED.value]
@@ -196,9 +202,10 @@ def _what_failed(results, comparison) -> str:
         out.append(f"<h3>{len(bad)} of {len(comparison.values)} compared values out of tolerance</h3>")
     unchecked = len(rows) - len(bad)
     shown, rest = rows[:SHOWN_FAILURES], rows[SHOWN_FAILURES:]
-    out.append(_table(shown, VALUE_COLUMNS, _row_class, "failures"))
+    columns = _with_notes(VALUE_COLUMNS, rows)
+    out.append(_table(shown, columns, _row_class, "failures"))
     if rest:
-        out.append(f"<details><summary>the other {len(rest)}</summary>{_table(rest, VALUE_COLUMNS, _row_class)}</details>")
+        out.append(f"<details><summary>the other {len(rest)}</summary>{_table(rest, columns, _row_class)}</details>")
     if unchecked:
         out.append(f'<p class="note">{unchecked} value{"s" if unchecked > 1 else ""} asked for could not be checked '
                    "(status unchecked, with why).</p>")
@@ -360,7 +367,7 @@ def _tables(results, comparison) -> str:
         rows = _value_rows(comparison)
         passed = sum(r["status"] == Status.PASSED.value for r in rows)
         out.append(f'<details id="compare"><summary>Compared values: {len(rows)} ({passed} passed), failures first'
-                   f"</summary>{_table(rows, VALUE_COLUMNS, _row_class, 'compared')}\n"
+                   f"</summary>{_table(rows, _with_notes(VALUE_COLUMNS, rows), _row_class, 'compared')}\n"
                    f"{_all_columns(compare_table(comparison))}</details>")
     nodes = nodes_table(results, comparison)
     out.append(f'<details id="nodes"><summary>Graph nodes: {len(nodes)}</summary>'
