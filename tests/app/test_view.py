@@ -10,13 +10,16 @@ protocol (a websocket); a screenshot of each page is saved under ``build/test-ar
 """
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -164,31 +167,96 @@ def test_a_port_in_use_is_a_one_line_error(bug_dump, capsys):
 
 
 # ------------------------------------------------------------------------------ a real browser
+def _start_view(dump, port: int, tmp: Path, *extra: str) -> subprocess.Popen:
+    """``tvm-probe view DUMP --no-browser`` as a user starts it from a shell: its temporary folder
+    under ``tmp`` (TMPDIR), Ctrl-C delivered with its default action whatever started the tests."""
+    return subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(dump), "--no-browser",
+                             "--port", str(port), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _served_page(proc: subprocess.Popen, port: int) -> tuple[str, str]:
+    """The one line ``tvm-probe view`` prints: (the page it names, Model Explorer's full address
+    that page forwards to), once the server answers."""
+    line = proc.stdout.readline()
+    found = re.fullmatch(r"tvm-probe view: (file://\S+/open\.html) \(Model Explorer on http://localhost:(\d+); "
+                         r"Ctrl-C stops it\)\n", line)
+    assert found and int(found.group(2)) == port, (line, proc.stderr.read() if proc.poll() is not None else "")
+    page = Path(urllib.parse.unquote(urllib.parse.urlparse(found.group(1)).path))
+    url = html.unescape(re.search(r'url=([^"]+)"', page.read_text(encoding="utf-8")).group(1))
+    assert url.startswith(f"http://localhost:{port}/?data=")
+    wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
+         60, "Model Explorer's server")
+    return found.group(1), url
+
+
 @pytest.fixture(scope="module")
-def server(bug_dump):
-    """``tvm-probe view DUMP --no-browser`` on a free port, as a user starts it; its page address."""
+def server(bug_dump, tmp_path_factory):
+    """A running ``tvm-probe view``: (the page it prints, the address that page forwards to)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(bug_dump), "--no-browser",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_view(bug_dump, port, tmp_path_factory.mktemp("tmp"))
     try:
-        url = None
-        for line in proc.stdout:  # the address comes first, then Model Explorer's own banner
-            if line.startswith("tvm-probe view: "):
-                url = line.split(": ", 1)[1].strip()
-                break
-        assert url and f":{port}/" in url, "tvm-probe view printed no address"
-        wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
-              60, "Model Explorer's server")
-        yield url
+        yield _served_page(proc, port)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
+# ------------------------------------------------------------------------------ one line, no leftovers
+def _leftovers(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("tvm_probe_view_*"))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_view_prints_one_short_line_and_leaves_no_folder_when_stopped(bug_dump, tmp_path, stop):
+    port = free_port()
+    proc = _start_view(bug_dump, port, tmp_path)
+    try:
+        page, _ = _served_page(proc, port)
+        assert _leftovers(tmp_path) and Path(urllib.parse.urlparse(page).path).is_file()  # while it serves
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err  # stopped as asked: not an error
+    assert out == "" and err == ""  # nothing after the one line: no banner, no adapter list, no address
+    assert len(page) < 120 and _leftovers(tmp_path) == []
+
+
+def test_view_leaves_no_folder_when_stopped_while_it_prepares(bug_dump, tmp_path):
+    """SIGTERM as soon as the temporary folder exists (comparing, exporting or starting up)."""
+    proc = _start_view(bug_dump, free_port(), tmp_path)
+    try:
+        wait(lambda: _leftovers(tmp_path) or proc.poll() is not None, 120, "the view's temporary folder")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 2) and _leftovers(tmp_path) == []
+
+
+def test_view_leaves_no_folder_after_an_error(bug_dump, tmp_path):
+    """An error once the folder exists (the source model given is missing: found while exporting),
+    in a real process through the Python API, as a notebook calls it."""
+    code = ("import sys\nfrom tvm_probe import load_dump, ProbeError\nfrom tvm_probe.comparison.verdict import compare\n"
+            "from tvm_probe.show.view import view\nr = load_dump(sys.argv[1])\n"
+            "try:\n    view(r, compare(r, {}), model=sys.argv[2], open_browser=False)\n"
+            "except ProbeError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(bug_dump), str(tmp_path / "missing.onnx")],
+                         capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=300)
+    assert run.stdout.strip() == f"the source model '{tmp_path / 'missing.onnx'}' does not exist: give it with --model PATH"
+    assert _leftovers(tmp_path) == []
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_the_divergent_nodes_overlay_is_on_the_rendered_page(server):
-    browser = Chromium(server)
+    browser = Chromium(server[0])  # the printed page, which forwards to Model Explorer
     try:
         # the address selects the first divergent node: its info panel lists every overlay
         text = browser.wait_for(r"node data providers", r"\bid\s+" + re.escape(DIVERGENT) + r"\s",
@@ -219,7 +287,7 @@ def _on_the_kernel_graph(url: str) -> str:
 @needs_chromium
 def test_the_kernel_graph_groups_the_divergent_op_in_its_kernel(server):
 
-    browser = Chromium(_on_the_kernel_graph(server))
+    browser = Chromium(_on_the_kernel_graph(server[1]))
     try:
         browser.wait_for(r"TVM kernels", r"\bid\s+" + re.escape(DIVERGENT) + r":0\s",
                          r"namespace\s+fused_\w*relu\w*#0",  # the op sits in its kernel's group
