@@ -156,3 +156,51 @@ def test_the_tables_list_failures_first_and_name_each_value_once(reports):
     assert statuses == sorted(statuses, key=order.index) and statuses[0] == "first divergent"
     assert rows[0][2] == first == top
     assert "key" not in headers and headers.count("name") == 1 and len(headers) <= 10
+
+
+# ------------------------------------------------------------------------------ an LLM generation
+@pytest.fixture(scope="module")
+def generation_report(tmp_path_factory):
+    """``tvm-probe run`` of a generate config (a tiny Llama, 4 steps) at tolerance 0: its report
+    folder and what it printed."""
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("generation")
+    config = folder / "llm.yaml"
+    config.write_text(f"model: {{hf: '{SUPPORT / 'hf_models.py'}:tiny_llama'}}\n"
+                      "generate: {prompt: random, steps: 4, length: 5}\n"
+                      "reference: {runtime: torch, atol: 0, rtol: 0}\n"
+                      f"output: {{report: {folder / 'report'}}}\n")
+    run = run_cli("run", config)
+    assert run.returncode in (0, 1), run.stderr
+    return folder / "report", run.stdout
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_an_llm_generation_report_marks_the_layers_out_of_tolerance(generation_report):
+    folder, printed = generation_report
+    with Chromium((folder / "report.html").as_uri(), size=(WIDTH, 900)) as browser:
+        browser.wait_for(r"Max abs error per step and decoder layer")
+        m = browser.evaluate("""(() => {
+          const rect = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+          const map = document.querySelector('svg.layer-map');
+          return {height: document.documentElement.scrollHeight, verdict: rect(document.getElementById('verdict')),
+            layers: rect(document.getElementById('layer-errors')), map: rect(map),
+            labels: [...map.querySelectorAll('text.axis-label')].map(t => t.textContent),
+            legend: [...map.querySelectorAll('g.legend text')].map(t => [t.textContent, ...rect(t)]),
+            cells: [...document.querySelectorAll('#layer-errors tbody td:not(:first-child)')].map(td =>
+              [td.textContent, td.classList.contains('failed')]),
+            mapFailed: map.querySelectorAll('rect.cell.failed').length,
+            tokens: [...document.querySelectorAll('#tokens tbody tr')].map(tr => tr.cells[1].textContent)};
+        })()""")
+        browser.screenshot("report-llm.png", full_page=True)
+        words = browser.evaluate(BROKEN_WORDS)
+    assert words["broken"] == [] and words["styles"] == ["normal/normal"]
+    assert m["height"] < 1400 and m["verdict"][3] < m["layers"][1]
+    assert sorted(m["labels"]) == ["decoder layer", "generation step"]
+    assert len(m["legend"]) >= 5 and all(right <= m["map"][2] + 1 for _, _, _, right, _ in m["legend"])
+    # tolerance 0: a layer's cell is out of tolerance exactly when its error is not 0
+    assert len(m["cells"]) == 8 and all(failed == (text != "0") for text, failed in m["cells"])
+    assert m["mapFailed"] == sum(failed for _, failed in m["cells"])
+    tokens = printed.splitlines()[0].removeprefix("tokens: ")
+    assert f"[{', '.join(m['tokens'])}]" == tokens

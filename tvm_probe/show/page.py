@@ -54,13 +54,13 @@ code{font-size:12px;overflow-wrap:normal}
 
 
 # ------------------------------------------------------------------------------------ cells
-def _name(text) -> str:
+def name_html(text) -> str:
     """A source name, escaped, that may wrap after ``/`` or a ``.`` of a module path
     (``layers.0.mlp``, not ``0.0001``), never inside a word."""
     return re.sub(r"(/|(?<=[A-Za-z_])\.|\.(?=[A-Za-z_]))", r"\1<wbr>", html.escape(str(text)))
 
 
-def _err(x) -> str:
+def format_error(x) -> str:
     """An error in three significant digits; ``""`` when there is none (not compared)."""
     if x is None:
         return ""
@@ -68,14 +68,14 @@ def _err(x) -> str:
 
 
 def _node_err(x) -> str:
-    return "" if x is None or x != x else _err(x)  # NaN in a node row: no value of it compared
+    return "" if x is None or x != x else format_error(x)  # NaN in a node row: no value of it compared
 
 
 def _number(x, spec: str = ".3g") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _table(rows: list[dict], columns: list[tuple], row_class=None, table_id: str = "") -> str:
+def html_table(rows: list[dict], columns: list[tuple], row_class=None, table_id: str = "") -> str:
     """A table of ``rows`` with ``columns`` = (header, key, how: 'name' | 'num' | 'text', format)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h, *_ in columns)
     body = []
@@ -84,7 +84,7 @@ def _table(rows: list[dict], columns: list[tuple], row_class=None, table_id: str
         for _, key, how, fmt in columns:
             value = row.get(key)
             text = fmt(value) if fmt else ("" if value is None else str(value))
-            cell = _name(text) if how == "name" else html.escape(text)
+            cell = name_html(text) if how == "name" else html.escape(text)
             cells.append(f'<td class="{how}">{cell}</td>')
         cls = f' class="{row_class(row)}"' if row_class else ""
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
@@ -138,7 +138,7 @@ def _verdict(results, comparison) -> str:
     word = "PASS" if comparison else "FAIL"
     text = text.removeprefix("FAIL: ")
     return (f'<div id="verdict" class="verdict {"pass" if comparison else "fail"}"><span class="badge">{word}</span>'
-            f"{_name(text)}</div>" + notes)
+            f"{name_html(text)}</div>" + notes)
 
 
 def _where(results, key: str) -> str:
@@ -171,7 +171,7 @@ def _value_rows(comparison) -> list[dict]:
 
 VALUE_COLUMNS = [("#", "order", "num", None), ("status", "status", "text", None), ("name", "name", "name", None),
                  ("served", "served", "text", None), ("dtype", "dtype", "text", None),
-                 ("max abs", "max_abs", "num", _err), ("max rel", "max_rel", "num", _err),
+                 ("max abs", "max_abs", "num", format_error), ("max rel", "max_rel", "num", format_error),
                  ("tolerance", "tolerance", "text", None), ("cosine", "cosine", "num", lambda x: _number(x, ".6g")),
                  ("note", "note", "text", None)]
 
@@ -193,8 +193,8 @@ def _what_failed(results, comparison) -> str:
                  "max_rel": first.max_rel, "tolerance": first.tolerance, "cosine": first.cosine, "note": first.note,
                  "dtype": first.dtype}
         columns = [("served", "served", "text", None), ("where", "where", "text", None)] + VALUE_COLUMNS[4:]
-        out.append(f'<p>First divergent op: <code id="first-divergent">{_name(first.name)}</code></p>'
-                   + _table([facts], _with_notes(columns, [facts]), table_id="first-divergent-facts"))
+        out.append(f'<p>First divergent op: <code id="first-divergent">{name_html(first.name)}</code></p>'
+                   + html_table([facts], _with_notes(columns, [facts]), table_id="first-divergent-facts"))
     rows = [r for r in _value_rows(comparison) if r["status"] in (Status.FIRST_DIVERGENT.value, Status.DIVERGED.value,
                                                                     Status.UNCHECKED.value)]
     bad = [r for r in rows if r["status"] != Status.UNCHECKED.value]
@@ -203,9 +203,9 @@ def _what_failed(results, comparison) -> str:
     unchecked = len(rows) - len(bad)
     shown, rest = rows[:SHOWN_FAILURES], rows[SHOWN_FAILURES:]
     columns = _with_notes(VALUE_COLUMNS, rows)
-    out.append(_table(shown, columns, _row_class, "failures"))
+    out.append(html_table(shown, columns, _row_class, "failures"))
     if rest:
-        out.append(f"<details><summary>the other {len(rest)}</summary>{_table(rest, columns, _row_class)}</details>")
+        out.append(f"<details><summary>the other {len(rest)}</summary>{html_table(rest, columns, _row_class)}</details>")
     if unchecked:
         out.append(f'<p class="note">{unchecked} value{"s" if unchecked > 1 else ""} asked for could not be checked '
                    "(status unchecked, with why).</p>")
@@ -324,7 +324,7 @@ def _top_kernels(results, top: int = 10) -> str:
     columns = [("kernel", "symbol", "name", None), ("calls", "calls", "num", None),
                ("total time", "total_us", "num", format_time), ("share", "share", "num", lambda x: f"{100 * x:.1f} %")]
     return (f'<section id="kernels"><h2>Top {len(g)} kernels by total time</h2>\n'
-            + _table(g.to_dict("records"), columns) + "</section>")
+            + html_table(g.to_dict("records"), columns) + "</section>")
 
 
 def _build_notes(results) -> str:
@@ -347,11 +347,11 @@ def _build_notes(results) -> str:
                    ("ops", "count", "num", None), ("source ops", "ops", "name", None)]
         n = sum(g["times"] for g in grouped.values())
         out.append(f"<details open><summary>TVM compile warnings: {len(grouped)} message{'s' * (len(grouped) > 1)}, "
-                   f"{n} time{'s' * (n > 1)}</summary>{_table(rows, columns, table_id='compile-warnings')}</details>")
+                   f"{n} time{'s' * (n > 1)}</summary>{html_table(rows, columns, table_id='compile-warnings')}</details>")
     if fixes:
         columns = [("import fix", "fix", "text", None), ("ops", "count", "num", None),
                    ("source ops", "ops", "name", None), ("what it does", "does", "text", None)]
-        out.append(f"<details open><summary>import fixes: {len(fixes)}</summary>{_table(fixes, columns)}</details>")
+        out.append(f"<details open><summary>import fixes: {len(fixes)}</summary>{html_table(fixes, columns)}</details>")
     return "\n".join(out) + "</section>"
 
 
@@ -367,11 +367,11 @@ def _tables(results, comparison) -> str:
         rows = _value_rows(comparison)
         passed = sum(r["status"] == Status.PASSED.value for r in rows)
         out.append(f'<details id="compare"><summary>Compared values: {len(rows)} ({passed} passed), failures first'
-                   f"</summary>{_table(rows, _with_notes(VALUE_COLUMNS, rows), _row_class, 'compared')}\n"
+                   f"</summary>{html_table(rows, _with_notes(VALUE_COLUMNS, rows), _row_class, 'compared')}\n"
                    f"{_all_columns(compare_table(comparison))}</details>")
     nodes = nodes_table(results, comparison)
     out.append(f'<details id="nodes"><summary>Graph nodes: {len(nodes)}</summary>'
-               f"{_table(_node_rows(nodes), _node_columns(comparison is not None), _row_class if comparison else None)}\n"
+               f"{html_table(_node_rows(nodes), _node_columns(comparison is not None), _row_class if comparison else None)}\n"
                f"{_all_columns(nodes)}</details>")
     sources = results.sources
     order = sources.assign(_p=sources["kind"].isin(["param", "constant"])).sort_values("_p", kind="stable")
@@ -379,7 +379,7 @@ def _tables(results, comparison) -> str:
                ("served", "served", "text", None), ("node", "node", "num", None), ("shape", "shape", "text", None),
                ("dtype", "dtype", "text", None)]
     out.append(f'<details id="sources"><summary>Source values: {len(sources)}, weights last</summary>'
-               f"{_table(flat(order).to_dict('records'), columns)}\n{_all_columns(sources)}</details>")
+               f"{html_table(flat(order).to_dict('records'), columns)}\n{_all_columns(sources)}</details>")
     return "\n".join(out) + "</section>"
 
 

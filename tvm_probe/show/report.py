@@ -53,12 +53,12 @@ def write_report(folder, results, comparison=None, formats=FORMATS, title="tvm_p
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        return {kind: _write_atomic(folder / name, text) for kind, (name, text) in texts.items()}
+        return {kind: write_atomic(folder / name, text) for kind, (name, text) in texts.items()}
     except OSError as err:
         raise ProbeError(f"cannot write report to '{folder}': {err.strerror or err}") from None
 
 
-def _write_atomic(path: Path, text: str) -> Path:
+def write_atomic(path: Path, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -84,7 +84,7 @@ def write_graph(results, path, comparison=None) -> Path:
         raise ProbeError(f"cannot write a graph as {path.suffix or 'a file without suffix'}: "
                          "use a .dot or .svg file name")
     try:
-        return _write_atomic(path, text)
+        return write_atomic(path, text)
     except OSError as err:
         raise ProbeError(f"cannot write '{path}': {err.strerror or err}") from None
 
@@ -95,8 +95,8 @@ def write_precision_report(folder, search) -> dict[str, Path]:
     (a :class:`tvm_probe.tools.precision.Search`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    csv = _write_atomic(folder / "ranking.csv", search.analysis.table().to_csv(index=False))
+    csv = write_atomic(folder / "ranking.csv", search.analysis.table().to_csv(index=False))
     section = precision_ranking_html(search.analysis, search.keep_fp32, search.lines())
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>tvm_probe precision</title>\n'
             f"<style>{CSS}</style>\n</head>\n<body>\n<h1>tvm_probe precision</h1>\n{section}\n</body>\n</html>\n")
-    return {"ranking": csv, "html": _write_atomic(folder / "precision.html", page)}
+    return {"ranking": csv, "html": write_atomic(folder / "precision.html", page)}
