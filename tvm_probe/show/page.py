@@ -230,8 +230,8 @@ def _legend() -> str:
 
 def _graph(results, comparison, graph_svg: str | None) -> str:
     out = ['<section id="graph"><h2>Kernel graph</h2>',
-           '<p class="note">Each box is a kernel call (its symbol, the source values it outputs; the values fused '
-           "inside it in small print), filled by how those values compared; hover a box for every name.</p>",
+           '<p class="note">Each box is a kernel call: its symbol, the first source values it outputs and how many '
+           "it keeps fused inside, filled by how those values compared; hover a box for every name.</p>",
            _legend()]
     if graph_svg:  # drop the XML prolog and DOCTYPE: only the <svg> element goes inline
         svg = graph_svg[graph_svg.find("<svg"):]
