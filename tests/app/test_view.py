@@ -334,13 +334,18 @@ def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
         browser.wait_for(r"Graph nodes")
         boxes = browser.evaluate("""[...document.querySelectorAll('#kernel-graph g.node')].map(g => {
             const r = g.getBoundingClientRect(); return [g.id, g.dataset.status, r.width, r.height]; })""")
+        # every line of text inside its box, in the drawing's own units (as the page's columns show it)
+        overflowing = browser.evaluate("""[...document.querySelectorAll('#kernel-graph g.node')].flatMap(g => {
+            const r = g.querySelector('rect').getBBox();
+            return [...g.querySelectorAll('text')].filter(t => { const b = t.getBBox();
+                return b.x < r.x - 1 || b.x + b.width > r.x + r.width + 1; }).map(t => t.textContent); })""")
         browser.evaluate("document.getElementById('kernel-graph').scrollIntoView()")
         browser.screenshot("report-graph.png")
     finally:
         browser.close()
     nodes = load_dump(bug_dump).node_infos
     assert [b[0] for b in boxes] == [f"node-{n.index}" for n in nodes]
-    assert all(w > 50 and h > 10 for _, _, w, h in boxes)  # drawn, with room for their text
+    assert all(w > 50 and h > 10 for _, _, w, h in boxes) and overflowing == []  # drawn, with room for their text
     assert {b[0]: b[1] for b in boxes}["node-1"] == "first divergent"  # the kernel holding bug/relu
 
 

@@ -134,6 +134,7 @@ def render_svg(dot_text: str) -> str | None:
 # the inputs, ordered in each row by where their producers sit (barycentres, a few sweeps), boxes
 # sized to their text, edges as curves.  Enough for a few hundred kernels in a scrolling box.
 _BOX_H_LINE, _ROW_GAP, _COL_GAP, _CHAR_W = 13, 34, 14, 6.2
+_BOLD_W = 6.9  # the first line (the symbol) is bold: wider
 
 
 def layout_svg(results, comparison=None) -> str:
@@ -205,7 +206,7 @@ def _box(results, node) -> tuple[float, float, list[str], str]:
     if inside:
         lines.append(f"+{len(inside)} fused inside")
     tip = "\n".join([f"node {node.index}: {head}", *outs, *(f"inside: {s}" for s in inside)])
-    width = min(max(90.0, _CHAR_W * max(len(s) for s in lines) + 12), 330.0)
+    width = max(90.0, _BOLD_W * len(lines[0]) + 12, _CHAR_W * max(len(s) for s in lines) + 12)
     return width, 6 + _BOX_H_LINE * len(lines), lines, tip
 
 

@@ -37,6 +37,7 @@ table.data{border-collapse:collapse;font-size:12px;margin:.3em 0}
 table.data th,table.data td{border:1px solid #e0e0e0;padding:2px 6px;vertical-align:top;text-align:left;
   white-space:normal;overflow-wrap:normal;word-break:normal}
 table.data td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+table.data td.word{white-space:nowrap}
 table.data td.name{min-width:16em;max-width:44em}
 table.data th{background:#f5f5f5;white-space:nowrap}
 tr.first-divergent td{background:#ffcdd2}tr.diverged td{background:#fff3e0}tr.unchecked td{background:#f5f5f5}
@@ -76,7 +77,8 @@ def _number(x, spec: str = ".3g") -> str:
 
 
 def html_table(rows: list[dict], columns: list[tuple], row_class=None, table_id: str = "") -> str:
-    """A table of ``rows`` with ``columns`` = (header, key, how: 'name' | 'num' | 'text', format)."""
+    """A table of ``rows`` with ``columns`` = (header, key, how, format); how: ``name`` (wraps
+    after ``/``), ``num`` (right-aligned), ``word`` (a short term kept on one line) or ``text``."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h, *_ in columns)
     body = []
     for row in rows:
@@ -169,10 +171,10 @@ def _value_rows(comparison) -> list[dict]:
     return sorted(rows, key=lambda r: rank[r["status"]])  # stable: source order inside each group
 
 
-VALUE_COLUMNS = [("#", "order", "num", None), ("status", "status", "text", None), ("name", "name", "name", None),
-                 ("served", "served", "text", None), ("dtype", "dtype", "text", None),
+VALUE_COLUMNS = [("#", "order", "num", None), ("status", "status", "word", None), ("name", "name", "name", None),
+                 ("served", "served", "word", None), ("dtype", "dtype", "word", None),
                  ("max abs", "max_abs", "num", format_error), ("max rel", "max_rel", "num", format_error),
-                 ("tolerance", "tolerance", "text", None), ("cosine", "cosine", "num", lambda x: _number(x, ".6g")),
+                 ("tolerance", "tolerance", "word", None), ("cosine", "cosine", "num", lambda x: _number(x, ".6g")),
                  ("note", "note", "text", None)]
 
 
@@ -192,7 +194,7 @@ def _what_failed(results, comparison) -> str:
         facts = {"served": first.served, "where": _where(results, first.key), "max_abs": first.max_abs,
                  "max_rel": first.max_rel, "tolerance": first.tolerance, "cosine": first.cosine, "note": first.note,
                  "dtype": first.dtype}
-        columns = [("served", "served", "text", None), ("where", "where", "text", None)] + VALUE_COLUMNS[4:]
+        columns = [("served", "served", "word", None), ("where", "where", "name", None)] + VALUE_COLUMNS[4:]
         out.append(f'<p>First divergent op: <code id="first-divergent">{name_html(first.name)}</code></p>'
                    + html_table([facts], _with_notes(columns, [facts]), table_id="first-divergent-facts"))
     rows = [r for r in _value_rows(comparison) if r["status"] in (Status.FIRST_DIVERGENT.value, Status.DIVERGED.value,
@@ -256,8 +258,9 @@ def _fitted(svg: str) -> str:
     columns, scale = _columns(w * unit, h * unit)
     cuts = _cuts(_node_spans(svg), y0, h, columns)
     inner = svg[root.end():svg.rfind("</svg>")]
+    fonts = " ".join(re.findall(r'font-(?:family|size)="[^"]*"', root.group(0)))  # the root's, for the clones
     out = ['<svg class="graph-source" width="0" height="0" style="position:absolute" aria-hidden="true">'
-           f'<g id="kernel-graph-body">{inner}</g></svg><div class="graph-columns">']
+           f'<g id="kernel-graph-body" {fonts}>{inner}</g></svg><div class="graph-columns">']
     for top, bottom in zip(cuts, cuts[1:]):
         out.append(f'<svg class="graph-column" xmlns="http://www.w3.org/2000/svg" viewBox="{x0:g} {top:.1f} {w:g} '
                    f'{bottom - top:.1f}" style="width:{w * unit * scale:.0f}px;height:{(bottom - top) * unit * scale:.0f}px" '
