@@ -27,6 +27,7 @@ from ..core.tolerance import Tolerance, tolerance_of, within
 from ..llm import investigate_generation
 from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference
+from ..show.generation import write_generation_report
 from ..show.report import write_precision_report, write_report
 from ..show.view import export_quantization
 from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
@@ -120,8 +121,10 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes: probe, dump, compare, verify, report."""
     progress = progress or Progress(enabled=False)
     if config.generate is not None:  # model: {hf: ...}: a generation, compared step by step
-
-        return investigate_generation(config, progress)
+        outcome = investigate_generation(config, progress)
+        if config.output.report is not None:  # beside its CSV tables: the page (show/ is above llm/)
+            outcome.report["html"] = write_generation_report(config.output.report, outcome.comparison)
+        return outcome
     if config.quantization is not None:  # the float model against its QDQ model, op by op
         return config_quantization(config, progress)
     model = config.model.load()
