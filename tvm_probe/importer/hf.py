@@ -40,7 +40,8 @@ from typing import Any, Sequence
 
 from ..core.errors import InputError, ModelError, ProbeError
 from .adapter import ImportedFunctions, ModelAdapter, load_factory
-from .quantize import QuantSpec, check_weights_found, quant_spec, quantize_function, quantize_weights
+from .quantize import (QuantSpec, check_weights_found, quant_spec, quantize_function, quantize_weights,
+                       quantized_modules)
 from .relax import FunctionModel, function_view
 from .torch import import_torch
 from .torch_export import require_torch
@@ -227,6 +228,8 @@ def import_hf(model, max_len: int = 64, import_fixes: bool = True, quantize=None
         raise InputError(f"max_len={max_len!r}: give the longest prompt + generated length, an int >= 2")
     spec = quant_spec(quantize)
     step = make_cache_step(model)
+    if spec is not None:
+        quantized_modules(model, spec)  # a bad skip= or group size fails now, not after the export
     built = step
     if spec is not None and spec.scale_dtype == "float16":  # computes in fp16, as deployed: a copy
         built = make_cache_step(copy.deepcopy(model).to(_torch().float16))
