@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tvm_probe import InputError, Probe  # noqa: E402
+from tvm_probe import InputError, Probe, ProbeError  # noqa: E402
 from tvm_probe.core.sources import Kind  # noqa: E402
 from tvm_probe.importer.quantize import QuantSpec  # noqa: E402
 from tvm_probe.llm import compare_generation, reference_generate  # noqa: E402
@@ -94,11 +94,41 @@ def test_q4f16_1_computes_in_fp16_and_generates():
     assert len(tokens) == STEPS and all(0 <= t < model.config.vocab_size for t in tokens)
     assert probe.get("lm_head", call=0).dtype == np.float16
     assert probe.get("model.layers.0.self_attn", call=STEPS - 1).dtype == np.float16
+    assert "matmul_half_result" in [f.name for f in probe.import_fixes]
     params = dict(probe.functions["decode"].imported.params)
     assert params["lm_head.q_scale"].dtype == "float16" and params["lm_head.q_weight"].dtype == "uint32"
     # against the float model: the same names per step, fp16 and 4-bit error and all
     result = compare_generation(probe)
     assert len(result.table()) == STEPS
+
+
+class _HalfProducts(torch.nn.Module):
+    """mm, addmm (a Linear with bias) and bmm in float16, each result concatenated with a half tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        z = self.linear(x) + x @ self.linear.weight  # addmm, mm
+        w = torch.bmm(y, y.transpose(1, 2))
+        return torch.cat([z, x], -1), torch.cat([w, y], -1)
+
+
+def test_the_fix_matmul_half_result_keeps_torchs_dtype_for_fp16_products():
+    torch.manual_seed(0)
+    module = _HalfProducts().eval().half()
+    args = (torch.randn(4, 8).half(), torch.randn(2, 3, 3).half())
+    probe = Probe.from_torch(module, args)
+    assert [f.name for f in probe.import_fixes] == ["matmul_half_result"]
+    outputs = probe.run([a.numpy() for a in args])
+    with torch.no_grad():
+        expected = module(*args)
+    for got, want in zip(outputs.values(), expected):
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), want.float().numpy(), atol=2e-2, rtol=1e-2)
+    with pytest.raises(ProbeError):  # TVM's plain import: float32 products, refused by cat
+        Probe.from_torch(module, args, import_fixes=False)
 
 
 def test_a_bad_quantize_gives_one_line_listing_the_presets():
