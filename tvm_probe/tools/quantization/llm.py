@@ -127,10 +127,11 @@ class SensitivityReport:
         largest ``alone_kl`` first."""
         import pandas as pd
 
-        return pd.DataFrame([{"module": m.path, "alone_kl": m.alone.kl, "alone_first_diff": m.alone.first_diff,
-                              "kept_float_kl": m.kept_float.kl, "kept_float_first_diff": m.kept_float.first_diff}
-                             for m in self.modules], columns=["module", "alone_kl", "alone_first_diff",
-                                                              "kept_float_kl", "kept_float_first_diff"])
+        frame = pd.DataFrame([{"module": m.path, "alone_kl": m.alone.kl, "alone_first_diff": m.alone.first_diff,
+                               "kept_float_kl": m.kept_float.kl, "kept_float_first_diff": m.kept_float.first_diff}
+                              for m in self.modules], columns=["module", "alone_kl", "alone_first_diff",
+                                                               "kept_float_kl", "kept_float_first_diff"])
+        return frame.astype({"alone_first_diff": "Int64", "kept_float_first_diff": "Int64"})  # None: <NA>
 
     def keep_float(self, steps: int | None = None) -> list[str]:
         """Module paths to keep in float so that the greedy tokens equal the float model's for
