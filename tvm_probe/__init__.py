@@ -26,6 +26,7 @@ _LAZY = {
     "register_reference": ".comparison.reference", "get_reference": ".comparison.reference",
     "onnxruntime_values": ".comparison.reference.onnxruntime", "torch_values": ".comparison.reference.torch",
     "tflite_values": ".comparison.reference.tflite", "Instrument": ".capture.instrument",
+    "QuantSpec": ".importer.quantize",
 }
 
 from ._moved import install as _install_moved  # noqa: E402
