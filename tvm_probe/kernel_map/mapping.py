@@ -210,11 +210,18 @@ def _dead_vars(main) -> set:
     live = set(relax.analysis.free_vars(main.body.body))
     dead = set()
     for b in reversed(list(_bindings(main))):
-        if b.var in live:
+        if b.var in live or _is_impure(b.value):  # (an assert runs whether or not its result is used)
             live.update(relax.analysis.free_vars(b.value))
         else:
             dead.add(b.var)
     return dead
+
+
+def _is_impure(value) -> bool:
+    """Whether ``value`` is a call the VM makes for its effect (``R.call_packed``: an assert)."""
+    from tvm import relax
+
+    return isinstance(value, relax.Call) and isinstance(value.op, relax.ExternFunc)
 
 
 def _runtime_places(vn, runtime, sites, site_vars, numbers, num_params) -> dict[int, Place]:

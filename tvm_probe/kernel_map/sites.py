@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from ..core.errors import TVMBehaviourChanged
 from ..importer.relax_values import dim_of
-from .types import _KERNEL_OPS, VIEW_SYMBOL, ArgKind, ArgSource, BranchCalls, CallSite
+from .types import _KERNEL_OPS, PACKED_OPS, VIEW_SYMBOL, ArgKind, ArgSource, BranchCalls, CallSite
 from .valuenum import FunctionValues, shape_dims
 
 
@@ -95,12 +95,41 @@ def _conditional_numbers(main, values: FunctionValues) -> dict[int, str]:
 
 
 def _kernel_symbol(call) -> str:
-    """The symbol the VM calls for ``call`` (a kernel or the reshape view), else ''."""
+    """The symbol the VM calls for ``call`` (a kernel, the reshape view, or a packed function
+    such as ``relax.run.nonzero``), else ''."""
     name = _op_name(call)
     if name in _KERNEL_OPS:
         callee = call.args[0]
         return getattr(callee, "name_hint", None) or str(getattr(callee, "global_symbol", callee))
-    return VIEW_SYMBOL if name == "relax.reshape" else ""
+    if name == "relax.reshape":
+        return VIEW_SYMBOL
+    return _packed_symbol(call)
+
+
+def _packed_callee(call):
+    """The ExternFunc a packed call calls: ``R.call_pure_packed(f, ...)`` (an op whose first
+    argument is ``f``) or ``R.call_packed(f, ...)`` (a call of ``f`` itself); else None."""
+    from tvm import relax
+
+    if isinstance(getattr(call, "op", None), relax.ExternFunc):
+        return call.op
+    if _op_name(call) in PACKED_OPS and call.args and isinstance(call.args[0], relax.ExternFunc):
+        return call.args[0]
+    return None
+
+
+def _packed_symbol(call) -> str:
+    """The packed function ``call`` calls, unless it is one of the VM's own builtins
+    (``vm.builtin.*``: shape and tuple plumbing, which lowering adds more of, so they are
+    never counted as call sites)."""
+    callee = _packed_callee(call)
+    symbol = str(callee.global_symbol) if callee is not None else ""
+    return "" if symbol.startswith("vm.builtin.") else symbol
+
+
+def is_packed(call) -> bool:
+    """Whether ``call`` calls a packed function that returns its result (a call site)."""
+    return bool(_packed_symbol(call))
 
 
 # -- call sites ---------------------------------------------------------------------------------
@@ -126,17 +155,26 @@ def _is_tensor(var) -> bool:
     return isinstance(var.ty, relax.TensorType)
 
 
-def _types(ty) -> tuple[list[tuple[int | str, ...]], list[str]]:
-    """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call."""
+#: A dimension known only once the call ran (the output of a data-dependent op such as NonZero).
+RUNTIME_DIM = "?"
+
+
+def _types(ty, packed: bool = False) -> tuple[list[tuple[int | str, ...]], list[str]]:
+    """Output shapes (a symbolic dimension as its text, e.g. ``'batch'``) and dtypes of a call.
+
+    A packed function's output may have no shape before it runs (``R.Tensor(ndim=2)``): its
+    dimensions are :data:`RUNTIME_DIM` (one, for an unknown rank)."""
 
     fields = list(ty.fields) if hasattr(ty, "fields") else [ty]
     shapes, dtypes = [], []
     for f in fields:
         values = shape_dims(f)
+        if values is None and packed:
+            values = [RUNTIME_DIM] * max(int(getattr(f, "ndim", -1)), 1)
         if values is None:
             raise TVMBehaviourChanged(f"kernel output type {f} has no known rank")
-        shapes.append(tuple(dim_of(v) for v in values))
-        dtypes.append(str(f.dtype))
+        shapes.append(tuple(v if isinstance(v, str) else dim_of(v) for v in values))
+        dtypes.append(str(getattr(f, "dtype", "")))
     return shapes, dtypes
 
 
@@ -200,20 +238,31 @@ def call_sites(main) -> MainCalls:
             # the call that computes the If's result in whichever branch runs (see _result_call):
             # its arguments differ by branch, so none is tracked
             call = _result_call(value.true_branch)[0]
-            arg_exprs = [call.args[0]] if symbol == VIEW_SYMBOL else list(call.args[1].fields)
-            args, arg_exprs = [ArgSource(ArgKind.UNTRACKED) for _ in arg_exprs], []
+            args, arg_exprs = [ArgSource(ArgKind.UNTRACKED) for _ in _call_args(call, symbol)], []
         else:
-            arg_exprs = [value.args[0]] if symbol == VIEW_SYMBOL else list(value.args[1].fields)
+            call = value
+            arg_exprs = _call_args(value, symbol)
             args = [arg_source(a) for a in arg_exprs]
-        shapes, dtypes = _types(var.ty)
+        packed = is_packed(call)
+        shapes, dtypes = _types(var.ty, packed)
         site = CallSite(index=len(sites), symbol=symbol, occurrence=occurrence,
                         is_view=symbol == VIEW_SYMBOL, args=args,
                         out_shapes=shapes, out_dtypes=dtypes, output_keys=[[] for _ in shapes],
-                        call_args=arg_exprs)
+                        call_args=arg_exprs, packed=packed)
         produced[var] = SiteOutput(site.index, 0)
         sites.append(site)
         site_vars.append(var)
     return MainCalls(sites, site_vars, produced)
+
+
+def _call_args(call, symbol: str) -> list:
+    """The Relax arguments the VM passes to the call (a kernel's inputs; a view's tensor; every
+    argument of a packed function)."""
+    if symbol == VIEW_SYMBOL:
+        return [call.args[0]]
+    if is_packed(call):
+        return list(call.args[1:] if _op_name(call) in PACKED_OPS else call.args)
+    return list(call.args[1].fields)
 
 
 def branch_calls(main) -> BranchCalls:

@@ -6,10 +6,10 @@ from enum import Enum
 from typing import Any
 
 VIEW_SYMBOL = "vm.builtin.reshape"
-
-
-VIEW_SYMBOL = "vm.builtin.reshape"
 _KERNEL_OPS = {"relax.call_tir", "relax.call_dps_packed"}
+#: Calls of a packed function that returns its result (``R.call_pure_packed("relax.run.nonzero",
+#: x)``): data-dependent ops (NonZero, Unique, masked_select...) lower to them.
+PACKED_OPS = {"relax.call_pure_packed", "relax.call_packed"}
 
 
 class ArgKind(str, Enum):
@@ -104,6 +104,15 @@ class CallSite:
     interior_keys: list[str] = field(default_factory=list)
     group: GroupPlan | None = None
     call_args: list = field(default_factory=list, repr=False)  # the Relax arguments of the call
+    #: a packed function that returns its result (``relax.run.nonzero``): no destination
+    #: arguments; its outputs are what the call returned, whatever their run-time size
+    packed: bool = False
+
+    @property
+    def returns_output(self) -> bool:
+        """Whether the call returns its outputs (a view, a packed function) instead of writing
+        them into destination arguments (a kernel)."""
+        return self.is_view or self.packed
 
     @property
     def num_inputs(self) -> int:
