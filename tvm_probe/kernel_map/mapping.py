@@ -30,6 +30,7 @@ from typing import Any
 
 from ..core.sources import Kind, Served, Serving, Servings
 from .relax_analysis import depends_on_params
+from .shape_values import shape_formulas
 from .sites import (
     _bindings,
     _conditional_numbers,
@@ -64,9 +65,13 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     conditional = _conditional_numbers(main, runtime)
     dims = _input_dims(imported.mod["main"])
     overwritten = imported.overwritten
+    shape_values = _shape_values(imported.mod["main"], dims)
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
+            continue
+        if var in shape_values:  # a shape or scalar value (ONNX Shape): built from input sizes
+            kmap.places[key] = shape_values[var]
             continue
         trace = follower.follow(var)
         place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
@@ -79,6 +84,8 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
                 kmap.lost[key] = f"{overwritten[key]}: {why}"
                 kmap.known_limits.add(key)
+    for key, expr in getattr(imported, "shape_values", {}).items():
+        _place_shape_value(kmap, key, expr, dims, imported.sources)
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)
     return kmap
@@ -119,6 +126,30 @@ def _locate(trace, by_number, terms, untrusted, pre_fold) -> tuple[Place | None,
     if trace.number is not None:
         return None, "the compiled module computes it outside any kernel call"
     return None, f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
+
+
+def _shape_values(main, dims: dict) -> dict:
+    """Var → DIMS place, for each binding of ``main`` to a shape or scalar value that the input
+    sizes (``dims``: :func:`_input_dims`) give."""
+    input_dims = {var: (place.input_index, place.output) for var, place in dims.items()}
+    found = {}
+    for b in _bindings(main):
+        formulas = shape_formulas(b.value, input_dims)
+        if formulas is not None:
+            found[b.var] = Place(PlaceKind.DIMS, inner=formulas[0], output=int(formulas[1]))
+    return found
+
+
+def _place_shape_value(kmap: KernelMap, key: str, expr, dims: dict, sources) -> None:
+    """A shape value the import left as an expression (no Var): placed when input sizes give it,
+    else lost with the importer's note."""
+    input_dims = {var: (place.input_index, place.output) for var, place in dims.items()}
+    formulas = shape_formulas(expr, input_dims)
+    if formulas is not None:
+        kmap.places[key] = Place(PlaceKind.DIMS, inner=formulas[0], output=int(formulas[1]))
+    else:
+        kmap.lost[key] = sources.notes.get(key) or "TVM computes it as a shape expression that is not made of input sizes"
+        kmap.known_limits.add(key)
 
 
 def _input_dims(main) -> dict:
@@ -343,7 +374,7 @@ def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_in
         return Serving(Served.UNKNOWN if value.key in live else Served.UNAVAILABLE)
     if place.kind is PlaceKind.INPUT:
         return Serving(Served.INPUT, place.input_index)
-    if place.kind is PlaceKind.SHAPE:
+    if place.kind in (PlaceKind.SHAPE, PlaceKind.DIMS):
         return Serving(Served.SHAPE, place.input_index)
     if place.kind is PlaceKind.OUTPUT:
         return Serving(Served.VIEW if kmap.sites[place.site].is_view else Served.CAPTURED, num_inputs + place.site)

@@ -41,6 +41,8 @@ class PlaceKind(str, Enum):
     CONSTANT = "constant"  # a constant of the compiled module (folded by the pipeline)
     FOLDED = "folded"      # folded away by FoldConstant; re-evaluated from the module before it
     SHAPE = "shape"        # a symbolic dimension: a size of a model input (``output`` is the axis)
+    DIMS = "dims"          # a shape or scalar value built from input sizes (``inner``: formulas,
+                           # see kernel_map.shape_values; ``output`` 1 for a scalar)
 
 
 @dataclass(frozen=True)
