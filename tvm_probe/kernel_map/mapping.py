@@ -30,7 +30,7 @@ from typing import Any
 
 from ..core.sources import Kind, Served, Serving, Servings
 from .relax_analysis import depends_on_params
-from .shape_values import shape_formulas
+from .shape_values import same_sizes, shape_formulas
 from .sites import (
     _bindings,
     _conditional_numbers,
@@ -194,6 +194,8 @@ class _Follower:
         self.stages = stages
         self.present = []   # per stage: every number it computes
         self.holders = []   # per stage: number → Vars bound to it
+        self.names = []     # per stage: Var name → how many Vars have it
+        self.named = []     # per stage: Var name → a Var of that name
         for _, values in stages:
             present = set(values.of_var.values())
             for call in values.inlined.values():
@@ -203,6 +205,22 @@ class _Follower:
                 holders.setdefault(number, []).append(var)
             self.present.append(present)
             self.holders.append(holders)
+            names: dict[str, int] = {}
+            for var in values.of_var:
+                names[var.name] = names.get(var.name, 0) + 1
+            self.names.append(names)
+            self.named.append({var.name: var for var in values.of_var})
+
+    def _rebound(self, var, stage: int):
+        """The Var of ``stage`` that re-binds ``var`` after a pass gave it a new type: the only
+        Var of that name there, of the same kind, dtype and sizes (written differently, e.g.
+        ``(n + 2) // 3`` and ``(n + 3 - 1) // 3``: TVM's normalizer re-creates a binding's Var,
+        keeping its name, when the pass derived a type that is not structurally equal).  With
+        static shapes passes keep the Var itself; this is for symbolic ones."""
+        if self.names[stage - 1].get(var.name) != 1 or self.names[stage].get(var.name) != 1:
+            return None
+        other = self.named[stage][var.name]
+        return other if _same_type(var.ty, other.ty) else None
 
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
@@ -219,11 +237,24 @@ class _Follower:
                 continue
             holders = self.holders[i].get(number, ())
             kept = next((w for w in holders if w in there.of_var), None)
+            if kept is None and var is not None:
+                kept = self._rebound(var, i + 1)
             if kept is None:
                 return _Trace(lost_after=self.stages[i][0], lost_before=self.stages[i + 1][0],
                               var=var if var is not None else next(iter(holders), None))
             var, number = kept, there.of_var[kept]
         return _Trace(number=number)
+
+
+def _same_type(a, b) -> bool:
+    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`)."""
+    fields_a, fields_b = getattr(a, "fields", None), getattr(b, "fields", None)
+    if fields_a is not None or fields_b is not None:
+        return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
+                and all(_same_type(x, y) for x, y in zip(fields_a, fields_b)))
+    dims_a, dims_b = shape_dims(a), shape_dims(b)
+    return (type(a) is type(b) and str(getattr(a, "dtype", "")) == str(getattr(b, "dtype", ""))
+            and dims_a is not None and dims_b is not None and same_sizes(dims_a, dims_b))
 
 
 def _folded_place(var, pre_fold) -> Place | None:

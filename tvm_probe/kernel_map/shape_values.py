@@ -52,3 +52,53 @@ def evaluate(formula, input_shapes) -> int:
     if formula[0] == "dim":
         return int(input_shapes[formula[1]][formula[2]])
     return int(_BINARY[formula[0]](evaluate(formula[1], input_shapes), evaluate(formula[2], input_shapes)))
+
+
+#: Sizes a symbolic dimension is given when two shape expressions are compared.
+_SAMPLES = (1, 2, 3, 4, 5, 7, 8, 11, 16, 31, 64, 97)
+
+
+def _value(expr, env: dict) -> int | None:
+    """``expr`` (a PrimExpr) with its symbolic dims set by ``env`` (TIR Var → int), or None."""
+    name = type(expr).__name__
+    if name == "IntImm" or isinstance(expr, int):
+        return int(expr)
+    if name == "Cast":
+        return _value(expr.value, env)
+    if name in _BINARY:
+        a, b = _value(expr.a, env), _value(expr.b, env)
+        if a is None or b is None or name in ("FloorDiv", "FloorMod") and b == 0:
+            return None
+        return int(_BINARY[name](a, b))
+    return env.get(expr)
+
+
+def _symbols(expr, found: list) -> None:
+    name = type(expr).__name__
+    if name == "Cast":
+        _symbols(expr.value, found)
+    elif name in _BINARY:
+        _symbols(expr.a, found)
+        _symbols(expr.b, found)
+    elif name != "IntImm" and not isinstance(expr, int) and expr not in found:
+        found.append(expr)
+
+
+def same_sizes(dims_a, dims_b) -> bool:
+    """Whether two lists of dimensions (PrimExprs) are equal for every size of their symbolic
+    dimensions tried (TVM writes one size as ``(n + 2) // 3`` in one pass and
+    ``(n + 3 - 1) // 3`` in the next)."""
+    if len(dims_a) != len(dims_b):
+        return False
+    symbols: list = []
+    for d in list(dims_a) + list(dims_b):
+        _symbols(d, symbols)
+    for k, size in enumerate(_SAMPLES):
+        env = {s: _SAMPLES[(k + 5 * i) % len(_SAMPLES)] for i, s in enumerate(symbols)} if symbols else {}
+        for a, b in zip(dims_a, dims_b):
+            va, vb = _value(a, env), _value(b, env)
+            if va is None or va != vb:
+                return False
+        if not symbols:
+            break
+    return True
