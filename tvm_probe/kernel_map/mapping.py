@@ -41,6 +41,7 @@ from .sites import (
     call_sites,
     fixed_helper_calls,
     helper_symbols,
+    subroutines,
 )
 from .types import _KERNEL_OPS, GroupPlan, KernelMap, Place, PlaceKind
 from .valuenum import FunctionValues, ValueNumbering, shape_dims
@@ -50,7 +51,8 @@ from .valuenum import FunctionValues, ValueNumbering, shape_dims
 def build_kernel_map(imported, snapshots) -> KernelMap:
     """Map each kernel call of the compiled ``main`` to source values (see module docstring)."""
     main = snapshots.call_graph["main"]
-    calls = call_sites(main)
+    functions = subroutines(snapshots.call_graph)
+    calls = call_sites(main, functions)
     sites, site_vars = calls.sites, calls.site_vars
     vn = ValueNumbering()
     fused = snapshots.post_fusion is not None
@@ -60,9 +62,9 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
     follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)])
-    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main))
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main, functions))
     kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
-    conditional = _conditional_numbers(main, runtime)
+    conditional = _conditional_numbers(main, runtime, functions)
     dims = _input_dims(imported.mod["main"])
     overwritten = imported.overwritten
     shape_values = _shape_values(imported.mod["main"], dims)
