@@ -61,7 +61,8 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     by_number = _runtime_places(vn, runtime, sites, site_vars, numbers, len(main.params))
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
-    follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)])
+    follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)],
+                         set(_input_dims(imported.mod["main"])))
     kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main, functions))
     kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
     conditional = _conditional_numbers(main, runtime, functions)
@@ -192,8 +193,9 @@ class _Follower:
     stage computes it; else a Var with the same number that the pass kept; else it is lost.
     """
 
-    def __init__(self, stages: list[tuple[str, FunctionValues]]):
+    def __init__(self, stages: list[tuple[str, FunctionValues]], input_symbols=frozenset()):
         self.stages = stages
+        self.input_symbols = input_symbols  # the symbolic dims the model inputs define
         self.present = []   # per stage: every number it computes
         self.holders = []   # per stage: number → Vars bound to it
         self.names = []     # per stage: Var name → how many Vars have it
@@ -222,7 +224,7 @@ class _Follower:
         if self.names[stage - 1].get(var.name) != 1 or self.names[stage].get(var.name) != 1:
             return None
         other = self.named[stage][var.name]
-        return other if _same_type(var.ty, other.ty) else None
+        return other if _same_type(var.ty, other.ty, self.input_symbols) else None
 
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
@@ -248,15 +250,27 @@ class _Follower:
         return _Trace(number=number)
 
 
-def _same_type(a, b) -> bool:
-    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`)."""
+def _same_type(a, b, input_symbols) -> bool:
+    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`);
+    a size of ``b`` known only at run time (a symbol the model inputs do not define: what a
+    data-dependent op such as NonMaxSuppression produced, matched after it) equals any size."""
     fields_a, fields_b = getattr(a, "fields", None), getattr(b, "fields", None)
     if fields_a is not None or fields_b is not None:
         return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
-                and all(_same_type(x, y) for x, y in zip(fields_a, fields_b)))
+                and all(_same_type(x, y, input_symbols) for x, y in zip(fields_a, fields_b)))
     dims_a, dims_b = shape_dims(a), shape_dims(b)
-    return (type(a) is type(b) and str(getattr(a, "dtype", "")) == str(getattr(b, "dtype", ""))
-            and dims_a is not None and dims_b is not None and same_sizes(dims_a, dims_b))
+    if type(a) is not type(b) or str(getattr(a, "dtype", "")) != str(getattr(b, "dtype", "")) \
+            or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
+        return False
+    fixed = [(x, y) for x, y in zip(dims_a, dims_b) if not _runtime_size(y, input_symbols)]
+    return same_sizes([x for x, _ in fixed], [y for _, y in fixed])
+
+
+def _runtime_size(dim, input_symbols) -> bool:
+    """A dimension that is a symbol no model input defines: its size is known only at run time."""
+    import tvm
+
+    return isinstance(dim, tvm.ir.expr.Var) and dim not in input_symbols
 
 
 def _folded_place(var, pre_fold) -> Place | None:
