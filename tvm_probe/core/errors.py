@@ -10,6 +10,8 @@ Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_prob
 * :class:`TVMBehaviourChanged` is *our* problem: TVM did something this version of tvm_probe
   does not understand (usually after a TVM upgrade).  It is not a ProbeError, so it is never
   mistaken for a user mistake (exit status 3).
+* :class:`InternalError` is our problem too: tvm_probe's own code failed (a bug).  A TVMError
+  carries only what TVM raised (:func:`raised_by_tvm`), never one of these (exit status 3).
 """
 from __future__ import annotations
 

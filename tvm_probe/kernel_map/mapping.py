@@ -87,6 +87,10 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
                 kmap.lost[key] = f"{overwritten[key]}: {why}"
                 kmap.known_limits.add(key)
+            elif _is_tuple(var):
+                kmap.lost[key] = ("it is a sequence (a tuple of tensors): tvm_probe serves the tensors in it "
+                                  "(the values of the ops that take them out), not the sequence as one value")
+                kmap.known_limits.add(key)
     for key, expr in getattr(imported, "shape_values", {}).items():
         _place_shape_value(kmap, key, expr, dims, imported.sources)
     _name_sites(kmap, imported.sources)
