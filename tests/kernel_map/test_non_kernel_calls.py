@@ -44,7 +44,8 @@ def test_nonzero_is_a_call_site_served_at_each_runs_size(pipeline):
 def test_compress_and_unique(pipeline):
     compress = model([h.make_node("Relu", ["x"], ["r"], name="relu"),
                       h.make_node("Compress", ["r", "keep"], ["y"], name="compress", axis=0)],
-                     [tensor("x", FLOAT, [4, 3]), tensor("keep", TensorProto.BOOL, [4])], [tensor("y", FLOAT, ["k", 3])])
+                     [tensor("x", FLOAT, [4, 3]), tensor("keep", TensorProto.BOOL, [4])],
+                     [tensor("y", FLOAT, ["k", 3])])
     feeds = {"x": np.arange(12, dtype="float32").reshape(4, 3) - 5, "keep": np.array([1, 0, 1, 1], bool)}
     check_model(Probe.from_onnx(compress, pipeline=pipeline), compress, feeds, pipeline, served={"r", "y"})
     unique = model([h.make_node("Relu", ["x"], ["r"], name="relu"),
@@ -89,7 +90,8 @@ def test_masked_select_one_hot_and_cond(pipeline):
     assert any(s.symbol == "relax.run.nonzero" for s in probe.kernel_map.sites)
     ids = torch.tensor([0, 3, 1, 4])
     onehot = torch.nn.functional.one_hot(ids, 5)
-    probe = _torch_case(OneHot(), ids, pipeline, {"_to_copy_1": onehot.float().numpy(), "mul": onehot.float().numpy() * 2})
+    expected = {"_to_copy_1": onehot.float().numpy(), "mul": onehot.float().numpy() * 2}
+    probe = _torch_case(OneHot(), ids, pipeline, expected)
     assert sum(s.symbol == "relax.run.assert_op" for s in probe.kernel_map.sites) == 2
     for x in (x, -x):  # both branches
         probe = _torch_case(Cond(), x, pipeline, {"gt": np.array(bool(x.sum() > 0)), "mul": Cond()(x).numpy()})

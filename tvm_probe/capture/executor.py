@@ -191,6 +191,10 @@ class DebugExecutor:
 
     def _native_impossible(self) -> str | None:
         """Why this model cannot be captured by the native instrument (None: it can)."""
+        branches = self._km.branches
+        if branches is not None and (branches.occurrences or branches.open_symbols):
+            return ("the model calls kernels inside If branches or functions of its own: the native instrument "
+                    "knows call sites only")
         static = not any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes for d in shape)
         if static and self._km.helper_symbols and set(self._km.helper_symbols) <= set(self._km.fixed_helpers):
             return None  # helpers called a fixed number of times: the plan times them as sites of their own

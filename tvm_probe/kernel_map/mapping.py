@@ -155,7 +155,8 @@ def _place_shape_value(kmap: KernelMap, key: str, expr, dims: dict, sources) -> 
     if formulas is not None:
         kmap.places[key] = Place(PlaceKind.DIMS, inner=formulas[0], output=int(formulas[1]))
     else:
-        kmap.lost[key] = sources.notes.get(key) or "TVM computes it as a shape expression that is not made of input sizes"
+        kmap.lost[key] = (sources.notes.get(key)
+                          or "TVM computes it as a shape expression that is not made of input sizes")
         kmap.known_limits.add(key)
 
 
