@@ -10,7 +10,7 @@ import torch
 from onnx import helper as h
 from support.small_onnx import FLOAT, INT64, check_model, model, tensor
 
-from tvm_probe import Probe, load_dump
+from tvm_probe import Probe, compare, load_dump, onnxruntime_values
 from tvm_probe.core.schema import PIPELINES
 
 
@@ -41,6 +41,8 @@ def test_a_model_returning_shape_values_runs_and_serves_them(pipeline, case, tmp
         got = check_model(probe, proto, feeds, pipeline, served=served)
         if "s" in served and case != 1:
             np.testing.assert_array_equal(got["s"], feeds["x"].shape)
+    comparison = compare(probe, onnxruntime_values(proto, runs[-1]))  # compared like any value
+    assert served <= {v.key for v in comparison.values if v.passed}
     probe.dump(tmp_path / "dump")
     dump = load_dump(tmp_path / "dump")
     for name in served:
