@@ -13,7 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .core.errors import (  # noqa: E402  (version first: the dump writer records it)
-    AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, ModelError,
+    AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, InternalError, ModelError,
     NameLookupError, NotCapturedError, NotRunError, PipelineError, ProbeError, TVMBehaviourChanged,
     TVMCompileError, TVMError, TVMRunError, UnknownNameError, UnsupportedOpError, ValueUnavailableError,
 )
@@ -41,7 +41,7 @@ __all__ = [
     *_LAZY, "compare", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
-    "TVMBehaviourChanged", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
+    "TVMBehaviourChanged", "InternalError", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
 ]
 
 
