@@ -302,7 +302,7 @@ class Session {
     int64_t n = static_cast<int64_t>(plan_.sites.size());
     times_ = HostTensor(2 * n, DLDataType{kDLFloat, 64, 1});
     stats_ = HostTensor(kNumStats, DLDataType{kDLInt, 64, 1});
-    layout_ = HostTensor(std::max<int64_t>(1, kLayoutWidth * plan_.slots.size()), DLDataType{kDLInt, 64, 1});
+    layout_ = HostTensor(kLayoutWidth * std::max<int64_t>(1, plan_.slots.size()), DLDataType{kDLInt, 64, 1});
     layout_data_ = static_cast<int64_t*>(layout_.data_ptr());
     ResetLayout();
     times_data_ = static_cast<double*>(times_.data_ptr());
