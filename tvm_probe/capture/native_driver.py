@@ -13,7 +13,6 @@ and after the run.  Calls the plan does not want cost a symbol lookup and two cl
 from __future__ import annotations
 
 import sys
-from collections import deque
 
 import numpy as np
 
@@ -88,7 +87,10 @@ class NativePlan:
             call's shapes; :meth:`outputs` reads them back.
     """
 
-    _POOL_BYTES = 32 << 20  # arenas kept for reuse (at least 2): reused memory is paged in already
+    # arenas kept for reuse: the one the last run's Capture holds, and one to fill.  (A larger pool
+    # measured slower: calls that keep their captures cycle through it, and each copy then writes
+    # memory long out of the caches; a one-off from numpy's heap is memory freed just before.)
+    _POOL = 2
     _CHUNK = 1 << 20  # arenas of at most _CUT_BELOW bytes are cut from chunks of this size
     _CUT_BELOW = _CHUNK // 16
 
@@ -127,9 +129,8 @@ class NativePlan:
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
         self.copied_sites = sorted(self.slots)
-        # arenas made, oldest first: [array, its reference count when only the pool holds it, address]
-        self._pool: deque[tuple[np.ndarray, int, int]] = deque()
-        self._pool_size = max(2, self._POOL_BYTES // max(offset, 1))
+        # arenas made: (array, its reference count when only the pool holds it, address)
+        self._pool: list[tuple[np.ndarray, int, int]] = []
         self._layouts: dict[bytes, dict[int, tuple]] = {}  # dynamic: layout rows → slots (per shape signature)
         self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
 
@@ -140,18 +141,14 @@ class NativePlan:
         page fault per 4 KiB).  (None, 0) when nothing is copied, or when the session copies
         into an arena of its own (remote, dynamic).
 
-        The pool is a queue, oldest first, of up to ``_POOL_BYTES`` (at least two arenas): calls
-        that keep their captures (a generation) hold arenas, and captures are mostly dropped
-        oldest first (``forget_calls``), so the two oldest are the ones looked at: O(1) a call."""
+        """
         if not self.arena_bytes or self.own_arena:
             return None, 0
         pool = self._pool
-        for _ in range(min(2, len(pool))):
-            array, free, address = pool[0]
-            pool.rotate(-1)  # (free or held, it goes to the back: the next call looks at the next)
+        for array, free, address in pool:
             if _references(array) == free + 1:  # (+1: the name `array` here)
                 return array, address
-        if len(pool) >= self._pool_size:  # all held (calls keep their captures): a one-off
+        if len(pool) >= self._POOL:  # all held (calls keep their captures): a one-off
             if self.arena_bytes <= self._CUT_BELOW:
                 return self._cut()
             fresh = np.empty(self.arena_bytes, dtype=np.uint8)

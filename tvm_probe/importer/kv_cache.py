@@ -15,6 +15,7 @@ What can be seen, and what cannot:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,7 +83,7 @@ def read_kv(cache, layout: CacheLayout, seq: int = 0) -> dict[str, np.ndarray]:
     length, get_kv = _kv_functions()
     n = int(length(cache, seq))
     shape = (layout.layers, n, layout.kv_heads, layout.head_dim)
-    if numpy_dtype(layout.dtype) is None:  # (no numpy form to read into: TVM's tensors, copied)
+    if _numpy(layout.dtype) is None:  # (no numpy form to read into: TVM's tensors, copied)
         import tvm
 
         k, v = tvm.runtime.empty(shape, layout.dtype), tvm.runtime.empty(shape, layout.dtype)
@@ -116,11 +117,21 @@ def _kv_functions():
 def _aligned(shape: tuple, dtype: str, align: int = 64) -> np.ndarray:
     """An uninitialised array starting on an ``align``-byte boundary (what TVM allocates; its
     kernels may assume it)."""
-    dt = numpy_dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    dt = _numpy(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
     raw = np.empty(nbytes + align, np.uint8)
-    skip = -raw.ctypes.data % align
+    skip = -raw.__array_interface__["data"][0] % align
     return raw[skip:skip + nbytes].view(dt).reshape(shape)
+
+
+_NUMPY_DTYPES: dict = {}
+
+
+def _numpy(dtype: str):
+    """``numpy_dtype(dtype)``, remembered (it costs microseconds; a decode step reads K/V each call)."""
+    if dtype not in _NUMPY_DTYPES:
+        _NUMPY_DTYPES[dtype] = numpy_dtype(dtype)
+    return _NUMPY_DTYPES[dtype]
 
 
 def opaque_notes(mod) -> dict[str, str]:
