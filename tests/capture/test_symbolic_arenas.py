@@ -63,8 +63,12 @@ def selections(rng, keys: list[str], count: int) -> list:
     return [choices[i] for i in rng.integers(0, len(choices), size=count)]
 
 
-def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: int) -> None:
-    """Call ``fast`` (the new paths) serves what call ``slow`` (the instrument) serves."""
+def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: int, made=None) -> None:
+    """Call ``fast`` (the new paths) serves what call ``slow`` (the instrument) serves (``made``
+    gets the pair, to check again once later calls ran: an arena a kept capture uses must not be
+    written into again)."""
+    if made is not None:
+        made.append((keys, selection, fast, slow))
     record = probe.call_record(fast)
     assert probe.call_record(slow).capture.instrument != HOOK
     if record.capture.instrument == HOOK and selection:  # copied by the native hooks, into an arena
@@ -93,8 +97,10 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
         with instrumented(probe):
             again = probe.call(function, *args, capture=selection)
         np.testing.assert_array_equal(out[0].numpy(), again[0].numpy())  # the logits
-        assert_same_values(probe, rng, keys[function], selection, fast, probe.num_calls - 1)
+        assert_same_values(probe, rng, keys[function], selection, fast, probe.num_calls - 1, made)
         return out, fast
+
+    made = []
 
     # prompts of three lengths, one of them twice (its layout is made once, then reused)
     for length, selection in zip((5, 8, 5, 8), selections(rng, keys["prefill"], 4)):
@@ -108,6 +114,8 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
         token = int(out[0].numpy()[0, -1].argmax())
     assert all(hooked[1:]), hooked  # (the first decode step checks every call through the instrument)
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    for pair in made:  # every call's values still as they were
+        assert_same_values(probe, rng, *pair)
 
 
 def _nn_cache(probe):
@@ -140,9 +148,10 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
                 probe.call(function, tvm.runtime.tensor(ids), cache, capture=selection)
                 end(cache)
             made.append(probe.num_calls - 1)
-        assert_same_values(probe, rng, keys[function], selection, *made)
+        assert_same_values(probe, rng, keys[function], selection, *made, kept)
         return made[0]
 
+    kept = []
     chunks = [rng.integers(2, 120, size=(1, n)).astype("int32") for n in (3, 2, 3, 1, 2)]
     for ids, selection in zip(chunks, selections(rng, keys["prefill"], len(chunks))):
         twice("prefill", selection, ids)
@@ -152,3 +161,5 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
         hooked.append(probe.call_record(fast).capture.instrument == HOOK)
     assert all(hooked[1:]), hooked
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    for pair in kept:  # every call's values still as they were
+        assert_same_values(probe, rng, *pair)

@@ -413,13 +413,16 @@ class DebugExecutor:
 
     def fast_call(self, plan: CapturePlan, every: bool = False) -> FastCall | None:
         """What later raw runs of ``plan`` (``every``: with every kernel call timed, as
-        ``kernel_times=True`` asks) may go through once a hooked run of it succeeded: a
+        ``kernel_times=True`` asks) may go through once a run of it succeeded (its hooked VM and
+        session are made now if need be, so a decode loop's second step takes it): a
         :class:`FastCall`, or None when the run needs Python during the run (outputs handed
         over as they come) or the VM is not hooked natively.  Kept in :attr:`fast_calls` under
         ``(plan, every)``."""
-        vm = self._hook_of.get((plan, every))
+        vm = self._hooked_vm(plan, every)  # (made now after a first, instrumented run: the next takes this)
         if vm is None or (vm.hooked and vm.switch is None):
             return None
+        if vm.hooked and plan not in vm.prepared:
+            vm.prepared[plan] = self._native_hooks().plan(plan)
         prepared = vm.prepared.get(plan) if vm.hooked else None
         if vm.hooked and (prepared is None or prepared.streaming or prepared.untracked and not prepared.callbacks):
             return None  # (no session prepared: the hooks would report to nothing)

@@ -129,8 +129,8 @@ class NativePlan:
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
         self.copied_sites = sorted(self.slots)
-        # arenas made: (array, its reference count when only the pool holds it, address)
-        self._pool: list[tuple[np.ndarray, int, int]] = []
+        # arenas made: [array, its reference count when only the pool holds it, address]
+        self._pool: list[list] = []
         self._layouts: dict[bytes, dict[int, tuple]] = {}  # dynamic: layout rows → slots (per shape signature)
         self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
 
@@ -145,18 +145,19 @@ class NativePlan:
         if not self.arena_bytes or self.own_arena:
             return None, 0
         pool = self._pool
-        for array, free, address in pool:
-            if _references(array) == free + 1:  # (+1: the name `array` here)
-                return array, address
+        for entry in pool:
+            if _references(entry[0]) == entry[1]:
+                return entry[0], entry[2]
         if len(pool) >= self._POOL:  # all held (calls keep their captures): a one-off
             if self.arena_bytes <= self._CUT_BELOW:
                 return self._cut()
             fresh = np.empty(self.arena_bytes, dtype=np.uint8)
             return fresh, fresh.__array_interface__["data"][0]
-        array = np.empty(self.arena_bytes, dtype=np.uint8)
-        address = array.__array_interface__["data"][0]
-        pool.append((array, _references(array), address))  # (counted with `array` here, tuple not yet made)
-        return array, address
+        entry = [np.empty(self.arena_bytes, dtype=np.uint8), 0, 0]
+        entry[1] = _references(entry[0])  # held by the pool's entry alone (measured as the check above does)
+        entry[2] = entry[0].__array_interface__["data"][0]
+        pool.append(entry)
+        return entry[0], entry[2]
 
     def outputs(self) -> ArenaOutputs | dict:
         """A dynamic plan's outputs of the last run: views of the session's arena at the places
