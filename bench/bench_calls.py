@@ -186,7 +186,8 @@ def main(argv=None) -> None:
             if met == "missed":
                 missed.append(f"{layers} layers: {name} {med[name] / base:.3f}x")
             cells.append(f"{med[name] / base:.3f}x ({met})")
-        lines.append(f"| {layers} | {result['kernels']} | {result['build_s']:.0f} | {base:.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {layers} | {result['kernels']} | {result['build_s']:.0f} | {base:.0f} | "
+                     + " | ".join(cells) + " |")
     lines += ["", "How a call runs: the first call of a function goes through TVM's instrument and checks the call "
         "sequence against the kernel map; later calls run in a VM whose observed kernels are native hooks "
         "(kernel_hook.py: C++ wrappers reporting to the capture session; none for capture=None), started, run "

@@ -147,8 +147,11 @@ def main(argv=None) -> int:
               "the native hooks copy the selected kernel outputs into an arena the capture session sizes from "
               "that call's shapes (grown when a call needs more, kept for the next), each output's place and "
               "shape written in a layout buffer read after the call, whose slots are made once per distinct "
-              "layout; no Python runs between kernels. From a function's second hooked call on (a "
-              "generation's third step), calls take the prepared path (capture.FastCall), everything included.",
+              "layout; no Python runs between kernels. From a function's second call on (a generation's second "
+              "decode step), calls take the prepared path (capture.FastCall), everything included. The "
+              "compare's eager reference (transformers, every module wrapped) costs the same whatever the "
+              "generation costs, so a cheaper generation raises that ratio; on 2 cores PyTorch's threads also "
+              "compete with TVM's spinning thread pool (see docs/llm.md).",
               "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))
               + ". Ratios vary by a few percent between runs on this 2-core machine.", ""]
     sys.path.insert(0, str(HERE))
