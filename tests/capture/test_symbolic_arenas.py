@@ -19,7 +19,7 @@ import tvm
 
 from tvm_probe import Probe
 from tvm_probe.capture.kernel_hook import HOOK
-from tvm_probe.capture.result import ArenaOutputs
+from tvm_probe.capture.result import ArenaOutputs, LayoutOutputs
 from tvm_probe.core.sources import Served
 
 from support.hf_models import decoder_ids, hf_decoder
@@ -72,7 +72,7 @@ def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: 
     record = probe.call_record(fast)
     assert probe.call_record(slow).capture.instrument != HOOK
     if record.capture.instrument == HOOK and selection:  # copied by the native hooks, into an arena
-        assert isinstance(record.capture.outputs, ArenaOutputs) and record.capture.copied_bytes > 0
+        assert isinstance(record.capture.outputs, (ArenaOutputs, LayoutOutputs)) and record.capture.copied_bytes > 0
     names = list(selection or [])
     if selection == "all":
         names = sorted(rng.choice(keys, size=min(CHECKED_OF_ALL, len(keys)), replace=False).tolist())

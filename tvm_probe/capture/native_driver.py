@@ -23,7 +23,7 @@ from .kernel_hook import HookedVM, host_array, host_copy
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED
 from .observer import ExecutorHandle, Observer, behaviour_changed
 from .plan import MAX_PLANS, CapturePlan
-from .result import ArenaOutputs, Capture
+from .result import ArenaOutputs, Capture, LayoutOutputs
 
 
 class NativeDriver:
@@ -131,7 +131,7 @@ class NativePlan:
         self.copied_sites = sorted(self.slots)
         # arenas made: [array, its reference count when only the pool holds it, address]
         self._pool: list[list] = []
-        self._layouts: dict[bytes, dict[int, tuple]] = {}  # dynamic: layout rows → slots (per shape signature)
+        self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
         self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
 
     def arena(self) -> tuple[np.ndarray | None, int]:
@@ -159,32 +159,13 @@ class NativePlan:
         pool.append(entry)
         return entry[0], entry[2]
 
-    def outputs(self) -> ArenaOutputs | dict:
+    def outputs(self) -> LayoutOutputs | dict:
         """A dynamic plan's outputs of the last run: views of the session's arena at the places
-        and shapes its layout buffer says.  The slots are made once per distinct layout (one per
-        shape signature: the places follow from the shapes) and reused."""
+        and shapes its layout rows say (copied: the next run writes them again), made when read."""
         arena = self.session.arena()
         if arena is None:
             return {}
-        rows = self.session.layout
-        key = rows.tobytes()
-        slots = self._layouts.get(key)
-        if slots is None:
-            if len(self._layouts) >= 256:
-                self._layouts.pop(next(iter(self._layouts)))
-            slots = self._layouts[key] = self._slots_of(rows)
-        return ArenaOutputs(arena, slots, self.dtypes)
-
-    def _slots_of(self, rows: np.ndarray) -> dict[int, tuple]:
-        """Site → its outputs' slots, from a dynamic run's layout rows (sites not copied left out)."""
-        slots = {}
-        for index, (first, count) in self.dynamic_rows.items():
-            mine = rows[first:first + count].tolist()
-            if any(r[1] < 0 for r in mine):
-                continue
-            site = self.sites[index]
-            slots[index] = tuple(native.Slot(r[0], r[1], d, tuple(r[3:3 + r[2]])) for r, d in zip(mine, site.out_dtypes))
-        return slots
+        return LayoutOutputs(arena, self.session.layout.copy(), self.dynamic_rows, self._site_dtypes)
 
     def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
