@@ -87,9 +87,8 @@ class NativePlan:
             call's shapes; :meth:`outputs` reads them back.
     """
 
-    # arenas kept for reuse: the one the last run's Capture holds, and one to fill.  (A larger pool
-    # measured slower: calls that keep their captures cycle through it, and each copy then writes
-    # memory long out of the caches; a one-off from numpy's heap is memory freed just before.)
+    # arenas kept for reuse: the one the last run's Capture holds, and one to fill (calls that keep
+    # their captures hold arenas anyway: theirs are one-offs, cut from chunks below)
     _POOL = 2
     # one-off arenas of at most _CUT_BELOW bytes are cut from chunks of this size: numpy asks for
     # huge pages for arrays this large, so paging a chunk in costs a fault per 2 MiB, where a
