@@ -1,15 +1,18 @@
-"""What probing costs on an LLM decode step and on a generation compare (issue 24).
+"""What probing costs on an LLM decode step and on a generation compare (issues 24, 35).
 
-    python bench/llm.py [--family llama] [--pipeline default] [--repeat 30]
+    python bench/llm.py            # ~2 minutes on 2 cores
+    python bench/llm.py --quick    # fewer rounds (while developing)
 
-A tiny seeded transformers decoder (tests/support/hf_models.py) through ``Probe.from_hf``.  Measured,
-interleaved run by run, medians:
+A tiny seeded transformers decoder (tests/support/hf_models.py) through ``Probe.from_hf`` (its
+decode step has a symbolic past length).  Measured, interleaved run by run (each round in
+another order), medians:
 
-* one decode step: the plain VM call (``vm["decode"]`` on the same arguments) against
-  ``probe.call("decode", ..., capture=None)`` and ``capture=["model.layers.0"]``
-  (target <= 1.05x);
+* one decode step, against the fastest plain call (``vm["decode"]`` with the token and position
+  copied into input tensors made once, as a deployment loop holds them): ``probe.call("decode",
+  ...)`` fed numpy token ids with ``capture=None`` (target <= 1.02x), ``["model.layers.0"]``
+  (<= 1.05x) and everything (<= 1.5x);
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
-  (the eager reference included; target <= 3x).
+  (the eager reference included, every value compared; target <= 2.5x).
 
 Prints the tables and writes them to bench/results.md (section "LLM decode step and generation").
 """
@@ -25,9 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # tests/, where the support package is
 
 
-TARGET = 1.05  # a probed decode step against the plain VM call
-GENERATION_TARGET = 3.0  # a 16-step generation compare against the generation
-GENERATION_ROUNDS = 31
+FASTEST = "fastest plain VM call (input tensors made once)"
+TARGETS = {"probe.call, capture=None": 1.02, "probe.call, one layer": 1.05, "probe.call, everything": 1.5}
+GENERATION_TARGET = 2.5  # a 16-step generation compare against the generation
 
 
 def _decode_args(probe, ids):
@@ -54,8 +57,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="llama")
     parser.add_argument("--pipeline", default="default")
-    parser.add_argument("--repeat", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="60 rounds and 7 generations (while developing)")
     options = parser.parse_args(argv)
+    options.repeat = options.repeat or (60 if options.quick else 400)
+    generation_rounds = 7 if options.quick else 31
 
     import numpy as np
     import tvm
@@ -87,6 +93,7 @@ def main(argv=None) -> int:
         "probe.call, capture=None": lambda: probe.call("decode", token, position, *past, capture=None),
         "probe.call, one layer": lambda: probe.call("decode", token, position, *past,
                                                     capture=["model.layers.0"]),
+        "probe.call, everything": lambda: probe.call("decode", token, position, *past, capture="all"),
     }
     for fn in variants.values():  # warm up (first-call instrument set-up)
         fn()
@@ -98,20 +105,24 @@ def main(argv=None) -> int:
             rounds[name].append(_median_us(fn, 1))
         if k % 64 == 0:
             probe.forget_calls(keep_last=1)  # a benchmark keeps no history
-    base = statistics.median(rounds["plain VM call"])
-    fastest = statistics.median(rounds["fastest plain VM call (input tensors made once)"])
+    fastest = statistics.median(rounds[FASTEST])
+    missed = []
     lines = [f"Tiny seeded {options.family} (tests/support/hf_models.py) through `Probe.from_hf`, pipeline "
-             f"`{options.pipeline}`; medians of {options.repeat} interleaved decode steps (past of 8 tokens; the variants take turns going first; each plain variant has a VM of its own). "
-             f"Target: <= {TARGET:.2f}x the plain VM call, capturing nothing and one layer.", "",
-             "| decode step | median us | ratio | target | | vs fastest plain |", "|---|---|---|---|---|---|"]
+             f"`{options.pipeline}`; medians of {options.repeat} interleaved decode steps (past of 8 tokens; the "
+             "variants take turns going first; each plain variant has a VM of its own). Ratios against the fastest "
+             "plain call (input tensors made once). Targets: "
+             + ", ".join(f"{n.split(', ')[1]} <= {t:.2f}x" for n, t in TARGETS.items()) + ".", "",
+             "| decode step | median us | vs fastest plain | target | |", "|---|---|---|---|---|"]
     for name, times in rounds.items():
         us = statistics.median(times)
-        target = name.startswith("probe.call")
-        verdict = ("met" if us / base <= TARGET else "missed") if target else ""
-        lines.append(f"| {name} | {us:.0f} | {us / base:.3f}x | {f'<= {TARGET:.2f}x' if target else ''} | {verdict} | "
-                     f"{us / fastest:.3f}x |")
+        target = TARGETS.get(name)
+        verdict = ("met" if us / fastest <= target else "missed") if target else ""
+        if verdict == "missed":
+            missed.append(f"{name} {us / fastest:.3f}x")
+        lines.append(f"| {name} | {us:.0f} | {us / fastest:.3f}x | {f'<= {target:.2f}x' if target else ''} | "
+                     f"{verdict} |")
     steps, generations, compares, ratios = 16, [], [], []
-    for _ in range(GENERATION_ROUNDS):  # each round: a generation, then its compare
+    for _ in range(generation_rounds):  # each round: a generation, then its compare
         start = time.perf_counter()
         probe.generate(ids, steps=steps)
         generations.append(time.perf_counter() - start)
@@ -122,18 +133,27 @@ def main(argv=None) -> int:
         probe.forget_calls()
     generation, compare = statistics.median(generations), statistics.median(compares)
     ratio = (generation + compare) / generation
-    lines += ["", f"| {steps}-step generation (medians of {GENERATION_ROUNDS} rounds) | ms | ratio | target | |",
+    if ratio > GENERATION_TARGET:
+        missed.append(f"generation compare {ratio:.2f}x")
+    lines += ["", f"| {steps}-step generation (medians of {generation_rounds} rounds) | ms | ratio | target | |",
               "|---|---|---|---|---|",
               f"| generate | {generation * 1e3:.1f} | 1.000x | | |",
               f"| generate + compare_generation (eager reference included) | {(generation + compare) * 1e3:.1f} | "
-              f"{ratio:.2f}x | <= {GENERATION_TARGET:.0f}x | {'met' if ratio <= GENERATION_TARGET else 'missed'} |", "",
+              f"{ratio:.2f}x | <= {GENERATION_TARGET:.1f}x | {'met' if ratio <= GENERATION_TARGET else 'missed'} |", "",
               f"Ratios of the single rounds: {min(ratios):.2f}x to {max(ratios):.2f}x.", "",
               f"verdict: {result.verdict()}", "",
               "`probe.call` moves numpy arguments into tensors it made once (a result that may refer to one gives "
-              "it up), so it can beat the plain call as users write it (`tvm.runtime.tensor` per step); the last "
-              "column compares with a plain call fed the same way. A decode step whose shapes are symbolic (the "
-              "past length) has no arena: the one layer's output is handed to Python by the native hook as it "
-              "is produced.", ""]
+              "it up), as the fastest plain call here does. A decode step's shapes are symbolic (the past length): "
+              "the native hooks copy the selected kernel outputs into an arena the capture session sizes from "
+              "that call's shapes (grown when a call needs more, kept for the next), each output's place and "
+              "shape written in a layout buffer copied after the call (a site's views are made from it when "
+              "read); no Python runs between kernels. From a function's second call on (a generation's second "
+              "decode step), calls take the prepared path (capture.FastCall), everything included. The "
+              "compare's eager reference (transformers, every module wrapped) costs the same whatever the "
+              "generation costs, so a cheaper generation raises that ratio; on 2 cores PyTorch's threads also "
+              "compete with TVM's spinning thread pool (see docs/llm.md).",
+              "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))
+              + ". Ratios vary by a few percent between runs on this 2-core machine.", ""]
     sys.path.insert(0, str(HERE))
     from sections import write_section
 

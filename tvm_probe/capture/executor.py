@@ -136,7 +136,7 @@ class DebugExecutor:
         # runs observing a few kernels go through a VM hooking only those (see run())
         self._hooked: dict[frozenset[str], HookedVM] = {}
         self._hook_of: dict[CapturePlan, HookedVM | None] = {}  # per plan: its hooked VM, or None
-        self.fast_calls: dict[CapturePlan, FastCall] = {}  # raw runs of a plan, once one succeeded hooked
+        self.fast_calls: dict[tuple, FastCall] = {}  # (plan, every) → raw runs of it, once one succeeded hooked
         self._hook_allowed = choice == "auto" and hookable(kernel_map)
         self._validated = False  # an instrumented run checked the call sequence
         self._hook_native = None  # _native_hooks(): None until asked, False when unavailable
@@ -345,13 +345,13 @@ class DebugExecutor:
 
     def _native_hooks(self) -> NativeDriver | None:
         """What native hooks report to: the native instrument's driver; for a model it cannot
-        instrument (symbolic shapes), one whose plans hand the wanted outputs to Python as they
-        are produced (no arena: their sizes change from run to run); None without the library."""
+        instrument (symbolic shapes), one whose plans copy the wanted outputs into arenas the
+        session sizes by each call's shapes (``dynamic``); None without the library."""
         if self._native is not None:
             return self._native
         if self._hook_native is None:
             try:
-                self._hook_native = NativeDriver(self._km, emit_only=True)
+                self._hook_native = NativeDriver(self._km, dynamic=True)
             except NativeUnavailable as err:
                 log.info("kernel hooks in Python: %s", err)
                 self._hook_native = False
@@ -415,18 +415,24 @@ class DebugExecutor:
         self._hook_of.clear()
         self.fast_calls.clear()
 
-    def fast_call(self, plan: CapturePlan) -> FastCall | None:
-        """What later raw runs of ``plan`` (no kernel times) may go through once a hooked run of
-        it succeeded: a :class:`FastCall`, or None when the run needs Python during the run
-        (outputs handed over as they come) or the VM is not hooked natively."""
-        vm = self._hook_of.get((plan, False))
+    def fast_call(self, plan: CapturePlan, every: bool = False) -> FastCall | None:
+        """What later raw runs of ``plan`` (``every``: with every kernel call timed, as
+        ``kernel_times=True`` asks) may go through once a run of it succeeded (its hooked VM and
+        session are made now if need be, so a decode loop's second step takes it): a
+        :class:`FastCall`, or None when the run needs Python during the run (outputs handed
+        over as they come) or the VM is not hooked natively.  Kept in :attr:`fast_calls` under
+        ``(plan, every)``."""
+        vm = self._hooked_vm(plan, every)  # (made now after a first, instrumented run: the next takes this)
         if vm is None or (vm.hooked and vm.switch is None):
             return None
+        if vm.hooked and plan not in vm.prepared:
+            vm.prepared[plan] = self._native_hooks().plan(plan)
         prepared = vm.prepared.get(plan) if vm.hooked else None
         if vm.hooked and (prepared is None or prepared.streaming or prepared.untracked and not prepared.callbacks):
             return None  # (no session prepared: the hooks would report to nothing)
-        self.fast_calls[plan] = FastCall(self._handle, vm, plan, prepared)
-        return self.fast_calls[plan]
+        timed = vm.hooked and (plan.outputs is None or every)  # what _run_hooked times
+        self.fast_calls[plan, every] = FastCall(self._handle, vm, plan, prepared, timed)
+        return self.fast_calls[plan, every]
 
     def _prepare(self) -> None:
         """The VM is ready: made (first run), or reconnected after a lost remote run."""

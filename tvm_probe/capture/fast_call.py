@@ -20,7 +20,7 @@ class FastCall:
     """Raw runs of one plan through its hooked VM, made once one such run succeeded
     (:meth:`~tvm_probe.capture.executor.DebugExecutor.fast_call`): numpy arguments copied into
     the tensors held for them (as :meth:`~tvm_probe.capture.executor.DebugExecutor.run` copies
-    them), the rest passed as they are; no kernel times.
+    them), the rest passed as they are; kernel times only when ``timed``.
 
     It does what ``DebugExecutor.run`` does for such a run, less the decisions made once: a
     decode step of a small model takes ~90 us, so each microsecond of Python around it shows.
@@ -33,13 +33,15 @@ class FastCall:
         plan: the plan.
         prepared: the VM's native session for the plan (a
             :class:`~tvm_probe.capture.native_driver.NativePlan`), or None: no kernel hooked.
+        timed: keep the hooked kernels' times (everything captured, or ``kernel_times=True``).
     """
 
     __slots__ = ("_handle", "_plan", "_function", "_prepared", "_switch", "_session", "_expected",
-                 "_hooked_call", "_capture", "_on_event")
+                 "_hooked_call", "_capture", "_on_event", "_timed", "_sites", "_columns")
 
-    def __init__(self, handle: ExecutorHandle, vm: HookedVM, plan: CapturePlan, prepared):
+    def __init__(self, handle: ExecutorHandle, vm: HookedVM, plan: CapturePlan, prepared, timed: bool = False):
         self._handle, self._plan, self._prepared = handle, plan, prepared
+        self._timed, self._sites, self._columns = timed, vm.hooked_sites, vm.hooked_columns
         self._function = vm[handle.function]
         self._expected = vm.expected_calls
         self._capture: Capture | None = None
@@ -84,8 +86,12 @@ class FastCall:
         if arrays_at:  # (a result may refer to the held tensors the numpy arguments went into)
             handle.give_up_aliased(result, arrays_at)
         capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
-        if arena is not None:
+        if prepared.dynamic:  # (symbolic shapes: the session's arena, laid out by this call's shapes)
+            capture.outputs = prepared.outputs()
+        elif arena is not None:
             capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)
+        if self._timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
+            capture.timing = self._sites, session.times[:, self._columns]
         return capture
 
     def _keep_untracked(self, kind: int, site: int, *tensors) -> None:

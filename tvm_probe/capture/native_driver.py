@@ -19,11 +19,11 @@ import numpy as np
 from ..core.errors import TVMBehaviourChanged, TVMRunError
 from ..kernel_map import ArgKind, KernelMap
 from . import native
-from .kernel_hook import HookedVM, host_array
+from .kernel_hook import HookedVM, host_array, host_copy
 from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED
 from .observer import ExecutorHandle, Observer, behaviour_changed
 from .plan import MAX_PLANS, CapturePlan
-from .result import ArenaOutputs, Capture
+from .result import ArenaOutputs, Capture, LayoutOutputs
 
 
 class NativeDriver:
@@ -34,16 +34,17 @@ class NativeDriver:
         library: where sessions are opened: this process (default) or a remote server
             (:class:`tvm_probe.capture.remote.RemoteLibrary`).
         sync_device: ``(DLPack type, index)`` of a device to sync around every kernel call.
-        emit_only: every wanted output goes to Python as it is produced, none into an arena
-            (the native hooks of a model with symbolic shapes: sizes change from run to run).
+        dynamic: every wanted output is copied into the session's own arena, grown as needed,
+            its place and shape read back after the run (the native hooks of a model with
+            symbolic shapes: sizes change from call to call; see :meth:`NativePlan.outputs`).
     """
 
     def __init__(self, km: KernelMap, library=None, sync_device: tuple[int, int] | None = None,
-                 emit_only: bool = False):
+                 dynamic: bool = False):
         self._lib = library if library is not None else native.load()
         self._km = km
         self._sync_device = sync_device
-        self.emit_only = emit_only  # wanted outputs always go to Python as produced (symbolic shapes)
+        self.dynamic = dynamic  # wanted outputs go into arenas sized by each call's shapes
         # every output dtype must have a byte-exact numpy form, or no plan could copy it
         self._dtypes = {d: native.numpy_dtype(d) for s in km.sites for d in s.out_dtypes}
         self._plans: dict[tuple[CapturePlan, bool], NativePlan] = {}
@@ -62,14 +63,13 @@ class NativeDriver:
 
     def plan(self, plan: CapturePlan, streaming: bool = False) -> "NativePlan":
         """``plan`` as a native session (made once, kept)."""
-        streaming = streaming or self.emit_only
         key = (plan, streaming)
         prepared = self._plans.get(key)
         if prepared is None:
             if len(self._plans) >= MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))  # the oldest; its session closes
             prepared = self._plans[key] = NativePlan(self._lib, self._km, plan, streaming, self._dtypes,
-                                                      self._sync_device)
+                                                      self._sync_device, self.dynamic and not streaming)
         return prepared
 
 
@@ -83,19 +83,33 @@ class NativePlan:
         streaming: wanted outputs go to Python as they are produced (EMIT), not into the arena.
         dtypes: dtype name → numpy dtype, for every output dtype of the kernel map.
         sync_device: ``(DLPack type, index)`` of a device to sync around every kernel call.
+        dynamic: wanted outputs go into the session's own arena (COPY_DYNAMIC), sized by this
+            call's shapes; :meth:`outputs` reads them back.
     """
 
-    _POOL = 2  # arenas kept: the one the last run's Capture holds, and one to fill
-    _CHUNK = 1 << 20  # arenas of at most _CUT_BELOW bytes are cut from chunks of this size
-    _CUT_BELOW = _CHUNK // 16
+    # arenas kept for reuse: the one the last run's Capture holds, and one to fill (calls that keep
+    # their captures hold arenas anyway: theirs are one-offs, cut from chunks below)
+    _POOL = 2
+    # one-off arenas of at most _CUT_BELOW bytes are cut from chunks of this size: numpy asks for
+    # huge pages for arrays this large, so paging a chunk in costs a fault per 2 MiB, where a
+    # fresh arena of its own faults every 4 KiB (~80 faults for a 320 KiB decode step)
+    _CHUNK = 16 << 20
+    _CUT_BELOW = _CHUNK // 4
 
     def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict,
-                 sync_device: tuple[int, int] | None = None):
+                 sync_device: tuple[int, int] | None = None, dynamic: bool = False):
         sites, offset = [], 0
+        copy = native.COPY_DYNAMIC if dynamic else native.COPY
+        self.dynamic = dynamic
+        self.dynamic_rows: dict[int, tuple[int, int]] = {}  # site → (first layout row, outputs)
+        rows = 0
         self.slots: dict[int, tuple] = {}           # site → arena slots of its outputs
         self.untracked: dict[int, tuple[int, ...]] = {}
         for s in km.sites:
-            action = 0 if not plan.wants_output(s.index) else EMIT if streaming else COPY
+            action = 0 if not plan.wants_output(s.index) else EMIT if streaming else copy
+            if action == native.COPY_DYNAMIC:
+                self.dynamic_rows[s.index] = (rows, len(s.out_shapes))
+            rows += len(s.out_shapes)
             if action == COPY:
                 slots, offset = native.layout(list(zip(s.out_shapes, s.out_dtypes)), offset)
                 self.slots[s.index] = tuple(slots)
@@ -117,35 +131,48 @@ class NativePlan:
         self.arena_bytes, self.dtypes = offset, dtypes
         self.sites = km.sites
         self.copied_sites = sorted(self.slots)
-        self._arenas: list[np.ndarray] = []
-        self._free_refs: list[int] = []  # each arena's reference count when nothing else holds it
-        self._addresses: list[int] = []
+        # arenas made: [array, its reference count when only the pool holds it, address]
+        self._pool: list[list] = []
+        self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
         self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
 
     def arena(self) -> tuple[np.ndarray | None, int]:
         """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
         nothing anyone can read), and its address; a new one when all are held.  Reused memory
-        is already paged in, which is what lets copies run at memcpy speed.  (None, 0) when
-        nothing is copied, or when the session copies into an arena of its own (remote)."""
+        is already paged in, which is what lets copies run at memcpy speed (fresh memory costs a
+        page fault per 4 KiB).  (None, 0) when nothing is copied, or when the session copies
+        into an arena of its own (remote, dynamic).
+
+        """
         if not self.arena_bytes or self.own_arena:
             return None, 0
-        for i in range(len(self._arenas)):
-            if _references(self._arenas[i]) == self._free_refs[i]:
-                return self._arenas[i], self._addresses[i]
-        if len(self._arenas) == self._POOL:  # all held (calls keep their captures): a one-off
+        pool = self._pool
+        for entry in pool:
+            if _references(entry[0]) == entry[1]:
+                return entry[0], entry[2]
+        if len(pool) >= self._POOL:  # all held (calls keep their captures): a one-off
             if self.arena_bytes <= self._CUT_BELOW:
                 return self._cut()
             fresh = np.empty(self.arena_bytes, dtype=np.uint8)
             return fresh, fresh.__array_interface__["data"][0]
-        self._arenas.append(np.empty(self.arena_bytes, dtype=np.uint8))
-        self._free_refs.append(_references(self._arenas[-1]))  # held by the pool alone
-        self._addresses.append(self._arenas[-1].__array_interface__["data"][0])
-        return self._arenas[-1], self._addresses[-1]
+        entry = [np.empty(self.arena_bytes, dtype=np.uint8), 0, 0]
+        entry[1] = _references(entry[0])  # held by the pool's entry alone (measured as the check above does)
+        entry[2] = entry[0].__array_interface__["data"][0]
+        pool.append(entry)
+        return entry[0], entry[2]
+
+    def outputs(self) -> LayoutOutputs | dict:
+        """A dynamic plan's outputs of the last run: views of the session's arena at the places
+        and shapes its layout rows say (copied: the next run writes them again), made when read."""
+        arena = self.session.arena()
+        if arena is None:
+            return {}
+        return LayoutOutputs(arena, self.session.layout.copy(), self.dynamic_rows, self._site_dtypes)
 
     def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
-        argument position."""
-        return dict(zip(self.untracked[site], [host_array(t) for t in tensors]))
+        argument position (a symbolic dimension's value, passed as an int, as it is)."""
+        return dict(zip(self.untracked[site], [host_copy(t) for t in tensors]))
 
     def _cut(self) -> tuple[np.ndarray, int]:
         """A small one-off arena, cut from a chunk of many: a slice, where a new array and its
@@ -300,5 +327,7 @@ class HookedNativeCalls(NativeCalls):
         if self.timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
             capture.timing = sites, prepared.session.times[:, self.vm.hooked_columns]
         capture.copied_bytes = stats[COPIED_BYTES]
-        if self.arena is not None:
+        if prepared.dynamic:
+            capture.outputs = prepared.outputs()
+        elif self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, prepared.slots, prepared.dtypes)

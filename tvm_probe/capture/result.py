@@ -87,3 +87,50 @@ class ArenaOutputs(Mapping):
 
     def __len__(self) -> int:
         return len(self._slots)
+
+
+class LayoutOutputs(Mapping):
+    """Node outputs copied into an arena sized by one call's shapes (symbolic shapes): numpy views
+    made when read, at the places and shapes the session's layout rows say.
+
+    A decode step's shapes change at every step (the past grows), so nothing is made per call
+    but a copy of the rows: a site's views are made from its rows the first time it is read.
+
+    Args:
+        arena: the bytes.
+        rows: int64 ``[output slots, 3 + dims]``: offset, nbytes (-1: not copied), ndim, dims.
+        first_rows: site → (its first row, its number of outputs), for every site the plan copies.
+        dtypes: site → the numpy dtypes of its outputs.
+    """
+
+    def __init__(self, arena: np.ndarray, rows: np.ndarray, first_rows: dict, dtypes: dict):
+        self._arena, self._rows, self._first, self._dtypes = arena, rows, first_rows, dtypes
+        self._views: dict[int, list[np.ndarray]] = {}
+        self._copied: list[int] | None = None
+
+    def __getitem__(self, site: int) -> list[np.ndarray]:
+        views = self._views.get(site)
+        if views is None:
+            first, count = self._first[site]  # KeyError for a site the plan does not copy
+            rows = self._rows[first:first + count].tolist()
+            if any(r[1] < 0 for r in rows):
+                raise KeyError(site)  # (not called in this run)
+            views = self._views[site] = [
+                self._arena[r[0]: r[0] + r[1]].view(d).reshape(r[3:3 + r[2]])
+                for r, d in zip(rows, self._dtypes[site])]
+        return views
+
+    def _sites(self) -> list[int]:
+        if self._copied is None:
+            self._copied = [s for s, (first, _) in self._first.items() if self._rows[first, 1] >= 0]
+        return self._copied
+
+    def __contains__(self, site) -> bool:
+        entry = self._first.get(site)
+        return entry is not None and self._rows[entry[0], 1] >= 0
+
+    def __iter__(self):
+        return iter(self._sites())
+
+    def __len__(self) -> int:
+        return len(self._sites())

@@ -15,9 +15,12 @@ What can be seen, and what cannot:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..core.dtypes import numpy_dtype
 
 ATTENTION = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"
 
@@ -70,21 +73,65 @@ def cache_layouts(func) -> list[CacheLayout]:
 
 
 def read_kv(cache, layout: CacheLayout, seq: int = 0) -> dict[str, np.ndarray]:
-    """What ``cache`` holds for sequence ``seq`` now: ``{name: (length, kv heads, head dim)}``."""
-    import tvm
+    """What ``cache`` holds for sequence ``seq`` now: ``{name: (length, kv heads, head dim)}``.
 
-    length = int(tvm.get_global_func("vm.builtin.attention_kv_cache_get_sequence_length")(cache, seq))
-    shape = (layout.layers, length, layout.kv_heads, layout.head_dim)
-    k = tvm.runtime.empty(shape, layout.dtype)
-    v = tvm.runtime.empty(shape, layout.dtype)
-    if length:
-        tvm.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")(cache, seq, 0, length, k, v)
-    k, v = k.numpy(), v.numpy()
+    Read straight into numpy arrays made here (wrapped for TVM through DLPack, no copy):
+    ``tvm.runtime.empty`` and ``Tensor.numpy()`` cost ~20 us each, which a decode step that
+    reads its cache every call cannot afford."""
+    import tvm_ffi
+
+    length, get_kv = _kv_functions()
+    n = int(length(cache, seq))
+    shape = (layout.layers, n, layout.kv_heads, layout.head_dim)
+    if _numpy(layout.dtype) is None:  # (no numpy form to read into: TVM's tensors, copied)
+        import tvm
+
+        k, v = tvm.runtime.empty(shape, layout.dtype), tvm.runtime.empty(shape, layout.dtype)
+        if n:
+            get_kv(cache, seq, 0, n, k, v)
+        k, v = k.numpy(), v.numpy()
+    else:
+        k, v = _aligned(shape, layout.dtype), _aligned(shape, layout.dtype)
+        if n:
+            get_kv(cache, seq, 0, n, tvm_ffi.from_dlpack(k), tvm_ffi.from_dlpack(v))
     out = {}
     for i in range(layout.layers):
         out[f"{layout.name}.layers.{i}.k"] = k[i]
         out[f"{layout.name}.layers.{i}.v"] = v[i]
     return out
+
+
+_KV_FUNCTIONS: list = []
+
+
+def _kv_functions():
+    """The paged KV cache's sequence length and debug read builtins (looked up once)."""
+    if not _KV_FUNCTIONS:
+        import tvm
+
+        _KV_FUNCTIONS[:] = [tvm.get_global_func("vm.builtin.attention_kv_cache_get_sequence_length"),
+                            tvm.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")]
+    return _KV_FUNCTIONS
+
+
+def _aligned(shape: tuple, dtype: str, align: int = 64) -> np.ndarray:
+    """An uninitialised array starting on an ``align``-byte boundary (what TVM allocates; its
+    kernels may assume it)."""
+    dt = _numpy(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    skip = -raw.__array_interface__["data"][0] % align
+    return raw[skip:skip + nbytes].view(dt).reshape(shape)
+
+
+_NUMPY_DTYPES: dict = {}
+
+
+def _numpy(dtype: str):
+    """``numpy_dtype(dtype)``, remembered (it costs microseconds; a decode step reads K/V each call)."""
+    if dtype not in _NUMPY_DTYPES:
+        _NUMPY_DTYPES[dtype] = numpy_dtype(dtype)
+    return _NUMPY_DTYPES[dtype]
 
 
 def opaque_notes(mod) -> dict[str, str]:

@@ -82,7 +82,8 @@ class Probe(Constructors, Results, Viewable):
         self._planner = CapturePlanner(kernel_map, self._names)
         self._check_inputs = InputChecker(imported.inputs)
         self._arguments: CallArguments | None = None  # call(): made at the first call
-        self._fast_calls: dict[tuple, tuple] = {}  # call(function, capture, kernel_times) → (probe, plan, wanted)
+        # call(function, capture, kernel_times) → (probe, plan, wanted, every kernel timed, KV caches to read)
+        self._fast_calls: dict[tuple, tuple] = {}
         self._call_plans: dict = {}  # call(): capture selection → _call_plan()
         self._kv: KVCaches | None = None  # call(): the paged KV caches of this function, found at the first call
         self._timed_by: Capture | None = None  # the capture whose times (and sizes) the nodes show
@@ -145,11 +146,13 @@ class Probe(Constructors, Results, Viewable):
         key = (function, capture if capture is None or type(capture) is str else tuple(capture), kernel_times)
         fast = self._fast_calls.get(key)
         if fast is not None:  # a call made before: what was decided then holds (a decode loop)
-            probe, plan, wanted = fast
-            run, arguments = probe._executor.fast_calls.get(plan), probe._arguments.as_passed(args)
+            probe, plan, wanted, every, layouts = fast
+            run, arguments = probe._executor.fast_calls.get((plan, every)), probe._arguments.as_passed(args)
             if run is not None and arguments is not None:
                 result = run(arguments, probe._arguments.arrays_at)
-                self._record_call(function, result, wanted)
+                record = self._record_call(function, result, wanted)
+                if layouts:  # what the KV caches hold after this call (it changes with the next)
+                    record.kv.update(KVCaches.read(arguments, layouts))
                 return result.returned
         probe = self._functions.get(function) or self._function_probe(function)
         if probe._arguments is None:
@@ -160,8 +163,9 @@ class Probe(Constructors, Results, Viewable):
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
         result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
-        if not layouts and not kernel_times and plan.outputs is not None and probe._executor.fast_call(plan):
-            self._fast_calls[key] = probe, plan, wanted
+        every = bool(kernel_times)
+        if probe._executor.fast_call(plan, every):
+            self._fast_calls[key] = probe, plan, wanted, every, layouts
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
             record.kv.update(KVCaches.read(arrays, layouts))

@@ -168,7 +168,11 @@ class Slot:
     shape: tuple[int, ...]
 
 
-COPY, EMIT = 1, 2  # a site's action: copy its outputs into the arena, or hand them to on_event
+#: a site's action: copy its outputs into the arena, hand them to on_event, or copy them into
+#: the session's own arena, grown as needed, each output's place and shape written in its layout
+#: buffer (:attr:`NativeSession.layout`: symbolic shapes, whose sizes change from call to call)
+COPY, EMIT, COPY_DYNAMIC = 1, 2, 3
+LAYOUT_WIDTH = 3 + MAX_DIMS  # a layout row: offset, nbytes (-1: not copied), ndim, dims
 
 
 @dataclass(frozen=True)
@@ -255,9 +259,12 @@ class NativeSession:
 
     def __init__(self, library: NativeLibrary, session_id: int):
         self._lib, self.id = library, session_id
-        times, stats = library._buffers(session_id)
+        times, stats, layout = library._buffers(session_id)
         self.times = np.from_dlpack(times).reshape(2, -1)
         self.stats = np.from_dlpack(stats)
+        #: int64 ``[output slots, LAYOUT_WIDTH]`` written by each run: where each COPY_DYNAMIC
+        #: output went in the session's arena, and its shape (a view, overwritten by the next run)
+        self.layout = np.from_dlpack(layout).reshape(-1, LAYOUT_WIDTH)
 
     def instrument(self):
         """The ``ffi.Function`` to give ``vm.set_instrument`` (the factory :data:`FACTORY`

@@ -23,7 +23,7 @@
 //
 //   tvm_probe.capture.open(plan: str) -> int             parse a plan (format: see ParsePlan)
 //   tvm_probe.capture.instrument(session) -> Function     the hook; a factory set_instrument takes
-//   tvm_probe.capture.buffers(session) -> [times, stats]  written by every run (see Session)
+//   tvm_probe.capture.buffers(session) -> [times, stats, layout]  written by every run (see Session)
 //   tvm_probe.capture.times(session) -> Tensor           (RPC) the times buffer alone
 //   tvm_probe.capture.stats(session) -> Tensor           (RPC) the stats buffer alone
 //   tvm_probe.capture.begin(session, arena_address, on_event | None)   (RPC with 0, None) reset
@@ -81,7 +81,9 @@ using Clock = std::chrono::steady_clock;
 // there is a cache miss (measured: ~200 ns a copied site with nested vectors).
 
 /*! \brief What to do with a call site's outputs. */
-enum class Action : uint8_t { kNone = 0, kCopy = 1, kEmit = 2 };
+// kCopyDynamic: copy into the session's own arena, grown as needed, each output's place and
+// shape written into the layout buffer (symbolic shapes: sizes change from call to call)
+enum class Action : uint8_t { kNone = 0, kCopy = 1, kEmit = 2, kCopyDynamic = 3 };
 
 constexpr int kMaxDims = 8;  // shapes are stored inline; a plan with more dims is refused
 
@@ -121,7 +123,12 @@ struct Plan {
   double signal_check_ms = 20.0;      // how often Ctrl-C is looked for
   bool sync = false;                  // sync sync_device around each kernel call (device times)
   DLDevice sync_device{kDLCPU, 0};
+  bool dynamic = false;               // some site copies into the session's growing arena
 };
+
+// The layout buffer: per output slot, where a kCopyDynamic copy went in this run:
+// offset, nbytes (-1: not copied), ndim, dims (kMaxDims of them).
+constexpr int kLayoutWidth = 3 + kMaxDims;
 
 Slot ParseSlot(std::istream& in) {
   Slot slot;
@@ -193,6 +200,7 @@ Plan ParsePlan(const std::string& text) {
     for (int32_t k = 0; k < site.num_outputs && in; ++k) plan.slots.push_back(ParseSlot(in));
     TVM_FFI_CHECK(in && site.symbol >= 0 && static_cast<size_t>(site.symbol) < num_symbols,
                   ValueError) << "malformed tvm_probe plan at site " << i;
+    if (site.action == Action::kCopyDynamic) plan.dynamic = true;
   }
   TVM_FFI_CHECK(static_cast<bool>(in), ValueError) << "truncated tvm_probe plan";
   IndexOccurrences(&plan);
@@ -294,6 +302,9 @@ class Session {
     int64_t n = static_cast<int64_t>(plan_.sites.size());
     times_ = HostTensor(2 * n, DLDataType{kDLFloat, 64, 1});
     stats_ = HostTensor(kNumStats, DLDataType{kDLInt, 64, 1});
+    layout_ = HostTensor(kLayoutWidth * std::max<int64_t>(1, plan_.slots.size()), DLDataType{kDLInt, 64, 1});
+    layout_data_ = static_cast<int64_t*>(layout_.data_ptr());
+    ResetLayout();
     times_data_ = static_cast<double*>(times_.data_ptr());
     stats_data_ = static_cast<int64_t*>(stats_.data_ptr());
     seen_.assign(plan_.symbols.size(), 0);
@@ -303,7 +314,7 @@ class Session {
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
   }
 
-  ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_}; }
+  ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_, layout_}; }
   ffi::Tensor Times() const { return times_; }
   ffi::Tensor Stats() const { return stats_; }
 
@@ -322,6 +333,10 @@ class Session {
     error_.clear();
     kept_.clear();
     arena_ = ffi::Tensor();
+    if (plan_.dynamic) {
+      ResetLayout();
+      cursor_ = 0;
+    }
     if (arena_address != 0) {
       arena_data_ = reinterpret_cast<char*>(arena_address);
     } else {
@@ -440,6 +455,9 @@ class Session {
                   reinterpret_cast<const TVMFFIAny*>(args), num_args);
     } else if (site.action == Action::kEmit) {
       EmitOutputs(index, site, ret, args, num_args);
+    } else if (site.action == Action::kCopyDynamic) {
+      CopyDynamic(index, site, reinterpret_cast<const TVMFFIAny*>(ret),
+                  reinterpret_cast<const TVMFFIAny*>(args), num_args);
     }
     if (t_end - last_signal_check_ > signal_period_) CheckSignals(t_end);
   }
@@ -515,6 +533,66 @@ class Session {
       CopyFromDevice(tensor, dst, slot.nbytes);
     }
     stats_data_[kCopiedBytes] += slot.nbytes;
+  }
+
+  /*! \brief A kCopyDynamic site's outputs: each at the arena's cursor (grown when full), its
+   * place and shape written into the layout buffer. */
+  void CopyDynamic(int index, const Site& site, const TVMFFIAny* ret, const TVMFFIAny* args,
+                   int num_args) {
+    if (!site.is_view && site.num_inputs + site.num_outputs > num_args) {
+      Fail(Describe(index, site.num_outputs - 1) + " is missing from the call's arguments");
+    }
+    for (int32_t k = 0; k < site.num_outputs; ++k) {
+      const DLTensor* tensor = AsTensor(site.is_view ? *ret : args[site.num_inputs + k]);
+      if (tensor == nullptr) Fail(Describe(index, k) + " is not a tensor");
+      const Slot& slot = plan_.slots[site.first_output + k];
+      bool same_type = tensor->dtype.code == slot.dtype.code && tensor->dtype.bits == slot.dtype.bits &&
+                       tensor->dtype.lanes == slot.dtype.lanes && tensor->ndim == slot.ndim;
+      for (int d = 0; same_type && d < slot.ndim; ++d) {
+        same_type = slot.shape[d] < 0 || slot.shape[d] == tensor->shape[d];  // -1: symbolic
+      }
+      if (!same_type) Fail(Describe(index, k) + " does not have the shape and dtype compiled for it");
+      if (!ffi::IsContiguous(*tensor)) Fail(Describe(index, k) + " is not contiguous");
+      int64_t nbytes = static_cast<int64_t>(ffi::GetDataSize(*tensor));
+      int64_t offset = cursor_;
+      Reserve(offset + nbytes);
+      const char* src = static_cast<const char*>(tensor->data) + tensor->byte_offset;
+      if (tensor->device.device_type == kDLCPU) {
+        std::memcpy(arena_data_ + offset, src, nbytes);
+      } else {
+        CopyFromDevice(*tensor, arena_data_ + offset, nbytes);
+      }
+      cursor_ = offset + (nbytes + 63) / 64 * 64;
+      int64_t* row = layout_data_ + kLayoutWidth * (site.first_output + k);
+      row[0] = offset;
+      row[1] = nbytes;
+      row[2] = tensor->ndim;
+      std::copy(tensor->shape, tensor->shape + tensor->ndim, row + 3);
+      stats_data_[kCopiedBytes] += nbytes;
+    }
+  }
+
+  /*! \brief The dynamic arena holds at least `end` bytes: a larger one (what was copied so far
+   * moved over) replaces it, here and in the pool, and is kept for later runs. */
+  void Reserve(int64_t end) {
+    int64_t capacity = arena_.defined() ? arena_.shape()[0] : 0;
+    if (end <= capacity) return;
+    ffi::Tensor grown = HostTensor(std::max<int64_t>(end, 2 * capacity), DLDataType{kDLUInt, 8, 1});
+    if (cursor_ > 0) std::memcpy(grown.data_ptr(), arena_data_, cursor_);
+    for (ffi::Tensor& t : pool_) {
+      if (t.same_as(arena_)) t = grown;
+    }
+    arena_ = grown;
+    arena_data_ = static_cast<char*>(arena_.data_ptr());
+    dynamic_capacity_ = grown.shape()[0];
+  }
+
+  void ResetLayout() {
+    for (size_t i = 0; i < plan_.slots.size(); ++i) {
+      int64_t* row = layout_data_ + kLayoutWidth * i;
+      std::fill(row, row + kLayoutWidth, 0);
+      row[1] = -1;
+    }
   }
 
   /*! \brief Wait for the plan's device to finish what was launched (runtime.Device_StreamSync
@@ -607,11 +685,14 @@ class Session {
 
   /*! \brief An arena nobody outside holds (numpy views of a former run keep theirs busy). */
   ffi::Tensor PickArena() {
-    if (plan_.arena_bytes == 0) return ffi::Tensor();
-    for (const ffi::Tensor& t : pool_) {
-      if (t.use_count() == 1) return t;
+    int64_t want = plan_.dynamic ? dynamic_capacity_ : plan_.arena_bytes;
+    if (want == 0) return ffi::Tensor();
+    for (ffi::Tensor& t : pool_) {
+      if (t.use_count() != 1) continue;
+      if (t.shape()[0] < want) t = HostTensor(want, DLDataType{kDLUInt, 8, 1});  // (dynamic: grown since)
+      return t;
     }
-    ffi::Tensor fresh = HostTensor(plan_.arena_bytes, DLDataType{kDLUInt, 8, 1});
+    ffi::Tensor fresh = HostTensor(want, DLDataType{kDLUInt, 8, 1});
     if (pool_.size() < kPoolSize) pool_.push_back(fresh);
     return fresh;
   }
@@ -635,6 +716,10 @@ class Session {
   std::vector<ffi::Tensor> pool_;
   ffi::Tensor arena_;
   char* arena_data_ = nullptr;
+  ffi::Tensor layout_;  // see kLayoutWidth
+  int64_t* layout_data_ = nullptr;
+  int64_t cursor_ = 0;                // dynamic arena: bytes used in this run
+  int64_t dynamic_capacity_ = 4096;   // dynamic arena: the size the last run needed, at least
   bool running_ = false;  // between Begin and End
 };
 

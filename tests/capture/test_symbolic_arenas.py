@@ -1,0 +1,165 @@
+"""Symbolic shapes through the native hooks (issue 35): a call whose shapes are symbolic (an HF
+decode step's past length, an nn prefill's sequence length) copies the selected kernel outputs
+into an arena the native session sizes from that call's shapes, with no Python between kernels,
+and later calls of a selection take the prepared call (FastCall), "everything" included.
+
+Each call is made twice with the same arguments and the same selection: through the new paths,
+then through TVM's instrument (the path that checks every call against the kernel map); every
+value selected must be equal, byte for byte.  Selections are drawn at random (seeded) from
+nothing, everything and a few values, and repeat, so the same shapes come back (the layout made
+for them is reused) and new ones come (a past one longer each decode step).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_probe import Probe
+from tvm_probe.capture.kernel_hook import HOOK
+from tvm_probe.capture.result import ArenaOutputs, LayoutOutputs
+from tvm_probe.core.sources import Served
+
+from support.hf_models import decoder_ids, hf_decoder
+from support.nn_llama import LlamaConfig, LlamaForCausalLM, hf_llama, mlc_weights
+
+pytest.importorskip("transformers")
+
+SERVED = (Served.CAPTURED, Served.RECOMPUTED)
+ST = tvm.runtime.ShapeTuple
+PIPELINES = ["default", "fused"]
+CHECKED_OF_ALL = 40  # values compared per call that captured everything (recomputing all is slow)
+
+
+@contextlib.contextmanager
+def instrumented(probe):
+    """Every function's calls through TVM's instrument while the block runs (no hooks, no
+    prepared calls); what was prepared comes back after."""
+    executors = [p._executor for p in probe.functions.values()]
+    saved = [(e._hook_allowed, dict(e.fast_calls)) for e in executors]
+    for e in executors:
+        e._hook_allowed = False
+        e.fast_calls.clear()
+    try:
+        yield
+    finally:
+        for e, (allowed, fast) in zip(executors, saved):
+            e._hook_allowed = allowed
+            e.fast_calls.clear()
+            e.fast_calls.update(fast)
+
+
+def served_keys(probe, function: str) -> list[str]:
+    fp = probe.functions[function]
+    return sorted(v.key for v in fp.sources_map if fp.servings[v.key].served in SERVED)
+
+
+def selections(rng, keys: list[str], count: int) -> list:
+    """``count`` selections drawn from: nothing, everything, and two sets of a few values."""
+    few = [sorted(rng.choice(keys, size=min(3, len(keys)), replace=False).tolist()) for _ in range(2)]
+    choices = [None, "all", *few]
+    return [choices[i] for i in rng.integers(0, len(choices), size=count)]
+
+
+def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: int, made=None) -> None:
+    """Call ``fast`` (the new paths) serves what call ``slow`` (the instrument) serves (``made``
+    gets the pair, to check again once later calls ran: an arena a kept capture uses must not be
+    written into again)."""
+    if made is not None:
+        made.append((keys, selection, fast, slow))
+    record = probe.call_record(fast)
+    assert probe.call_record(slow).capture.instrument != HOOK
+    if record.capture.instrument == HOOK and selection:  # copied by the native hooks, into an arena
+        assert isinstance(record.capture.outputs, (ArenaOutputs, LayoutOutputs)) and record.capture.copied_bytes > 0
+    names = list(selection or [])
+    if selection == "all":
+        names = sorted(rng.choice(keys, size=min(CHECKED_OF_ALL, len(keys)), replace=False).tolist())
+    for name in names:
+        got, want = probe.get(name, call=fast), probe.get(name, call=slow)
+        assert got.shape == want.shape and got.dtype == want.dtype, (name, fast)
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} at call {fast} ({record.function})")
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeline):
+    rng = np.random.default_rng(35)
+    probe = Probe.from_hf(hf_decoder("llama"), pipeline=pipeline, max_len=32)
+    shape = probe.hf.shape
+    empty = [np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for _ in range(2 * shape.layers)]
+    keys = {f: served_keys(probe, f) for f in ("prefill", "decode")}
+    ids = decoder_ids(0, batch=1, seq=8).numpy()
+
+    def twice(function, selection, *args):
+        out = probe.call(function, *args, capture=selection)
+        fast = probe.num_calls - 1
+        with instrumented(probe):
+            again = probe.call(function, *args, capture=selection)
+        np.testing.assert_array_equal(out[0].numpy(), again[0].numpy())  # the logits
+        assert_same_values(probe, rng, keys[function], selection, fast, probe.num_calls - 1, made)
+        return out, fast
+
+    made = []
+
+    # prompts of three lengths, one of them twice (its layout is made once, then reused)
+    for length, selection in zip((5, 8, 5, 8), selections(rng, keys["prefill"], 4)):
+        out, _ = twice("prefill", selection, ids[:, :length], np.arange(length, dtype=np.int64)[None, :], *empty)
+    token = int(out[0].numpy()[0, -1].argmax())
+    hooked = []
+    for k, selection in enumerate(selections(rng, keys["decode"], 8)):  # a longer past at every step
+        out, fast = twice("decode", selection, np.array([[token]], np.int64), np.array([[8 + k]], np.int64),
+                          *out[1:])
+        hooked.append(probe.call_record(fast).capture.instrument == HOOK)
+        token = int(out[0].numpy()[0, -1].argmax())
+    assert all(hooked[1:]), hooked  # (the first decode step checks every call through the instrument)
+    assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    for pair in made:  # every call's values still as they were
+        assert_same_values(probe, rng, *pair)
+
+
+def _nn_cache(probe):
+    f = tvm.get_global_func
+    cache = probe.call("create_paged_kv_cache", ST([1]), ST([64]), ST([32]), ST([16]), ST([0]))
+    f("vm.builtin.kv_state_add_sequence")(cache, 0)
+    return cache
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline):
+    """Prefill (symbolic sequence length) in chunks of several lengths, then decode steps (static
+    shapes), each call made on two caches kept alike: one through the new paths, one through
+    the instrument."""
+    rng = np.random.default_rng(36)
+    config = LlamaConfig()
+    model = LlamaForCausalLM(config)
+    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=mlc_weights(hf_llama(config)),
+                          pipeline=pipeline)
+    begin, end = (tvm.get_global_func(f"vm.builtin.kv_state_{n}") for n in ("begin_forward", "end_forward"))
+    caches = _nn_cache(probe), _nn_cache(probe)
+    keys = {f: [k for k in served_keys(probe, f) if ".layers." not in k or not k.startswith("paged_kv_cache")]
+            for f in ("prefill", "decode")}
+
+    def twice(function, selection, ids):
+        made = []
+        for cache, path in zip(caches, (contextlib.nullcontext(), instrumented(probe))):
+            with path:
+                begin(cache, ST([0]), ST([ids.shape[1]]))
+                probe.call(function, tvm.runtime.tensor(ids), cache, capture=selection)
+                end(cache)
+            made.append(probe.num_calls - 1)
+        assert_same_values(probe, rng, keys[function], selection, *made, kept)
+        return made[0]
+
+    kept = []
+    chunks = [rng.integers(2, 120, size=(1, n)).astype("int32") for n in (3, 2, 3, 1, 2)]
+    for ids, selection in zip(chunks, selections(rng, keys["prefill"], len(chunks))):
+        twice("prefill", selection, ids)
+    hooked = []
+    for selection in selections(rng, keys["decode"], 8):
+        fast = twice("decode", selection, rng.integers(2, 120, size=(1, 1)).astype("int32"))
+        hooked.append(probe.call_record(fast).capture.instrument == HOOK)
+    assert all(hooked[1:]), hooked
+    assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    for pair in kept:  # every call's values still as they were
+        assert_same_values(probe, rng, *pair)
