@@ -1,7 +1,7 @@
 """Run the op campaign (tests/support/campaign.py) and write bench/campaign_results.md.
 
     nice -n 10 python bench/campaign.py [--only onnx|torch] [--match SUBSTRING] [--limit N]
-                                         [--pipelines default,fused] [--out PATH]
+                                         [--pipelines default,fused] [--workers N] [--out PATH]
 
 Every case (each ONNX node test whose ops TVM 0.27 converts, static and with symbolic input
 dimensions, the extra ONNX models, the torch.export cases) is run by plain TVM and by tvm_probe
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import random
+import threading
 import sys
 import time
 from collections import Counter, defaultdict
@@ -43,8 +44,10 @@ def all_cases(only: str | None = None):
 def _worker(conn, only):
     sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
     import logging
+    import warnings
 
     logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
     from support.campaign import run_case
 
     cases = {c.name: c for c in all_cases(only)}
@@ -135,32 +138,45 @@ def main(argv=None) -> int:
     parser.add_argument("--match", default="", help="run only cases whose name contains this")
     parser.add_argument("--limit", type=int, default=0, help="at most this many cases (0: all)")
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (each runs its share)")
     parser.add_argument("--out", type=Path, default=HERE / "campaign_results.md")
     args = parser.parse_args(argv)
     cases = [c for c in all_cases(args.only) if args.match in c.name]
-    random.Random(0).shuffle(cases)  # a run stopped early is a uniform sample of all classes
+    random.Random(0).shuffle(cases)  # a run stopped early is a uniform sample of each part:
+    cases.sort(key=lambda c: "/test_" in c.name)  # the torch cases and ONNX extras first
     cases = cases[:args.limit] if args.limit else cases
     command = ("python bench/campaign.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    worker, outcomes, t0 = Worker(args.only), [], time.perf_counter()
+    outcomes, t0, lock, done = [], time.perf_counter(), threading.Lock(), [0]
 
-    def write(done: int) -> str:
+    def write(finished: bool) -> str:
         text = summarize(outcomes, time.perf_counter() - t0, command)
-        progress = "" if done == len(cases) else f"Partial: {done} of {len(cases)} cases run so far.\n\n"
+        progress = "" if finished else f"Partial: {done[0]} of {len(cases)} cases run so far.\n\n"
         args.out.write_text("# Op campaign results\n\n" + progress + text)
         return text
 
-    try:
-        for k, case in enumerate(cases):
-            for pipeline in args.pipelines.split(","):
-                outcome = worker.run(case, pipeline)
-                outcomes.append(outcome)
-                if outcome.problems:
-                    print(f"[{k}/{len(cases)}] {case.name} {pipeline}: {outcome.problems[:2]}", flush=True)
-            if k % 25 == 24:
-                write(k + 1)
-    finally:
-        worker.stop()
-    print(write(len(cases)).split("\n\n")[1])
+    def drive(share):
+        worker = Worker(args.only)
+        try:
+            for case in share:
+                for pipeline in args.pipelines.split(","):
+                    outcome = worker.run(case, pipeline)
+                    with lock:
+                        outcomes.append(outcome)
+                    if outcome.problems:
+                        print(f"{case.name} {pipeline}: {outcome.problems[:2]}", flush=True)
+                with lock:
+                    done[0] += 1
+                    if done[0] % 25 == 0:
+                        write(False)
+        finally:
+            worker.stop()
+
+    threads = [threading.Thread(target=drive, args=(cases[k::args.workers],)) for k in range(args.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(write(True).split("\n\n")[1])
     return 1 if any(o.problems for o in outcomes) else 0
 
 
