@@ -207,7 +207,8 @@ def torch_cases() -> list[Case]:
     inplace_ops = {
         "add_": lambda x, y: x.add_(1), "mul_": lambda x, y: x.mul_(y), "relu6_": lambda x, y: F.relu6(x, inplace=True),
         "fill_": lambda x, y: x.fill_(3.0), "copy_": lambda x, y: x.copy_(y),
-        "index_put_": lambda x, y: x.index_put_((torch.tensor([0, 2]),), y[:2]),
+        "index_put_": lambda x, y: x.index_put_((torch.tensor([0, 2]), torch.tensor([1, 3])), y[0, :2]),
+        "index_put_rows_": lambda x, y: x.index_put_((torch.tensor([0, 2]),), y[:2]),
         "clamp_": lambda x, y: x.clamp_(-0.1, 0.1), "slice_copy_": lambda x, y: x[:, 1:].copy_(y[:, 1:]),
     }
     cases += [_op(f"inplace_input_{n}", "in-place on input", inplace(f), (3, 4), (3, 4))
