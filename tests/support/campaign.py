@@ -211,7 +211,7 @@ def run_onnx(case: Case, pipeline: str) -> Outcome:
 
 
 def _check_outputs(outcome: Outcome, got: list, plain: list) -> None:
-    flat = [a for g in got for a in (g if isinstance(g, (list, tuple)) else [g])]
+    flat = [a for g in got for a in (to_numpy_list(g) if not isinstance(g, np.ndarray) else [g])]
     if len(flat) != len(plain):
         outcome.wrong.append(f"outputs: {len(flat)} served, plain TVM returns {len(plain)}")
         return

@@ -2,8 +2,9 @@
 
 Every node test ONNX ships (``onnx.backend.test.case.node``: one model per op and attribute
 combination, with its inputs, written by ONNX's authors) whose ops TVM 0.27's ONNX frontend
-converts; each also as ``@dyn``, every input dimension symbolic (named by its size, so that
-dimensions of one size stay equal, as a batch axis shared by inputs does).  Then models for what
+converts; each also as ``@const`` where it takes integer operands as inputs (they become
+initializers, as exporters write them), and as ``@dyn``, every input dimension symbolic (named
+by its size, so that dimensions of one size stay equal, as a batch axis shared by inputs does).  Then models for what
 those leave out: the converted ops ONNX has no node test for (contrib ops, sequences), inputs of
 unknown rank, ops with axes given as inputs, shape arithmetic, several outputs on symbolic shapes.
 """
@@ -71,18 +72,43 @@ def dynamic(model) -> onnx.ModelProto | None:
     return m
 
 
-def _node_case(test, dyn: bool) -> Case | None:
+def constant_operands(model, inputs: dict):
+    """``model`` with every integer input after the first made an initializer of its test value
+    (split sizes, axes, ``k``, pads, shapes: what exporters write as constants and TVM needs
+    as such), and the inputs left; None when there is none to make constant."""
+    graph = model.graph
+    fold = [i.name for i in graph.input[1:]
+            if i.type.tensor_type.elem_type in (TensorProto.INT64, TensorProto.INT32)]
+    if not fold:
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [i for i in m.graph.input if i.name not in fold]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    m.graph.initializer.extend(onnx.numpy_helper.from_array(inputs[n], n) for n in fold)
+    return m, {k: v for k, v in inputs.items() if k not in fold}
+
+
+def _node_cases(test) -> list[Case]:
+    """The node test as ONNX wrote it, ``@const`` (:func:`constant_operands`) and ``@dyn`` (every
+    input dimension symbolic, of the ``@const`` model where there is one)."""
     arrays = test.data_sets[0][0] if test.data_sets else None
     if arrays is None or test.model is None or not _converted(test.model):
-        return None
+        return []
     inputs = _tensor_inputs(test.model, list(arrays))
     if inputs is None:
-        return None
-    model = dynamic(test.model) if dyn else test.model
-    if model is None:
-        return None
+        return []
     op = test.model.graph.node[0].op_type if len(test.model.graph.node) == 1 else _main_op(test.name)
-    return Case(f"onnx/{test.name}{'@dyn' if dyn else ''}", "onnx", op, lambda: (model, inputs))
+    variants = [("", test.model, inputs)]
+    const = constant_operands(test.model, inputs)
+    if const is not None:
+        variants.append(("@const", *const))
+    base_model, base_inputs = variants[-1][1:]
+    dyn = dynamic(base_model)
+    if dyn is not None:
+        variants.append(("@dyn", dyn, base_inputs))
+    return [Case(f"onnx/{test.name}{tag}", "onnx", op, lambda m=m, i=i: (m, i)) for tag, m, i in variants]
 
 
 def _main_op(name: str) -> str:
@@ -97,14 +123,8 @@ def _main_op(name: str) -> str:
 
 
 def onnx_cases() -> list[Case]:
-    """Every ONNX case: the node tests (static, then ``@dyn``) and :func:`extra_cases`."""
-    cases = []
-    for dyn in (False, True):
-        for test in _node_tests():
-            case = _node_case(test, dyn)
-            if case is not None:
-                cases.append(case)
-    return cases + extra_cases()
+    """Every ONNX case: the node tests (as written, ``@const``, ``@dyn``) and :func:`extra_cases`."""
+    return [c for test in _node_tests() for c in _node_cases(test)] + extra_cases()
 
 
 # -- models the node tests leave out ------------------------------------------------------------
