@@ -143,7 +143,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cases = [c for c in all_cases(args.only) if args.match in c.name]
     random.Random(0).shuffle(cases)  # a run stopped early is a uniform sample of each part:
-    cases.sort(key=lambda c: "/test_" in c.name)  # the torch cases and ONNX extras first
+    ours = [c for c in cases if "/test_" not in c.name]  # the torch cases and ONNX extras,
+    node = [c for c in cases if "/test_" in c.name]      # ONNX's node tests, taken in turn
+    cases = [c for pair in zip(ours, node) for c in pair] + ours[len(node):] + node[len(ours):]
     cases = cases[:args.limit] if args.limit else cases
     command = ("python bench/campaign.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     outcomes, t0, lock, done = [], time.perf_counter(), threading.Lock(), [0]
