@@ -55,3 +55,14 @@ def test_shapes_still_pins_an_input_of_unknown_rank():
     probe = Probe.from_onnx(model, shapes={"x": (2, 4)})
     assert probe.inputs[0].shape == (2, 4)
     np.testing.assert_array_equal(probe.run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_a_random_input_of_unknown_rank_needs_its_shape_in_the_config():
+    from tvm_probe.app.config import ConfigError, InputSource
+
+    model, _ = CASES["unknown_rank_reshape_relu"].make()
+    spec = Probe.from_onnx(model).inputs[0]
+    with pytest.raises(ConfigError, match=r"^inputs.x: the model declares it with no rank: give 'x: \{random: "
+                                          r"\{shape: \[...\]\}\}' or a file$"):
+        InputSource(name="x", random={}).load(spec)
+    assert InputSource(name="x", random={"shape": [6]}).load(spec).shape == (6,)
