@@ -12,6 +12,8 @@ file counts per class: built by plain TVM, run by tvm_probe, values compared / e
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import multiprocessing as mp
 import random
 import threading
@@ -94,6 +96,22 @@ class Worker:
             self.proc.join(10)
 
 
+# whose work a problem or an unknown is: (pattern in its one line, area); the first match wins
+AREAS = (
+    ("relax.run.", "data-dependent ops / non-kernel calls (other branch: dataops)"),
+    ("'int' object is not iterable", "shape values (other branch: dataops)"),
+    ("'NoneType' object is not iterable", "None outputs (other branch: dataops)"),
+    ("plain TVM returns", "sequence outputs (other branch: dataops)"),
+    ("outside any kernel call", "sequence / shape values (other branch: dataops)"),
+    ("lost between the module imported", "outputs lost on symbolic shapes, Split above all (other branch: dataops)"),
+    ("writes into it in place", "an in-place copy's destination (explicit unknown by design)"),
+)
+
+
+def area_of(text: str) -> str:
+    return next((area for pattern, area in AREAS if pattern in text), "this branch: to look at")
+
+
 def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
     by_cls = defaultdict(list)
     for o in outcomes:
@@ -120,6 +138,12 @@ def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
     reasons = Counter(reason_class(why) for o in ran for why in o.unknown.values())
     lines += ["", "Unknown values, by reason:", ""]
     lines += [f"- {n} × {why}" for why, n in reasons.most_common()] or ["- none"]
+    areas = Counter(area_of(p) for o in failing for p in o.problems)
+    unknown_areas = Counter(area_of(why) for o in ran for why in o.unknown.values())
+    lines += ["", "Problems, by area (runs with a problem):", ""]
+    lines += [f"- {n} × {area}" for area, n in areas.most_common()] or ["- none"]
+    lines += ["", "Unknown values, by area:", ""]
+    lines += [f"- {n} × {area}" for area, n in unknown_areas.most_common()] or ["- none"]
     kinds = Counter(reason_class(p) for o in failing for p in o.problems)
     lines += ["", "Problems, by kind:", ""]
     lines += [f"- {n} × {why}" for why, n in kinds.most_common()] or ["- none"]
@@ -140,7 +164,17 @@ def main(argv=None) -> int:
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--workers", type=int, default=1, help="worker processes (each runs its share)")
     parser.add_argument("--out", type=Path, default=HERE / "campaign_results.md")
+    parser.add_argument("--summarize", action="store_true",
+                        help="only write the results file again from the outcomes a run logged (PATH.jsonl)")
     args = parser.parse_args(argv)
+    if args.summarize:  # a run stopped early: its outcomes so far, and how many cases it had
+        rows = [json.loads(line) for line in args.out.with_suffix(".jsonl").read_text().splitlines() if line]
+        header = args.out.read_text().split("\n\n")
+        command = next((h for h in header if h.startswith("Run on")), "").split("`")[1:2] or ["?"]
+        partial = next((h for h in header if h.startswith("Partial:")), "")
+        text = summarize([Outcome(**r) for r in rows], 0, command[0])
+        args.out.write_text("# Op campaign results\n\n" + (partial + "\n\n" if partial else "") + text)
+        return 0
     cases = [c for c in all_cases(args.only) if args.match in c.name]
     random.Random(0).shuffle(cases)  # a run stopped early is a uniform sample of each part:
     ours = [c for c in cases if "/test_" not in c.name]  # the torch cases and ONNX extras,
@@ -149,6 +183,7 @@ def main(argv=None) -> int:
     cases = cases[:args.limit] if args.limit else cases
     command = ("python bench/campaign.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     outcomes, t0, lock, done = [], time.perf_counter(), threading.Lock(), [0]
+    log = args.out.with_suffix(".jsonl").open("w")  # every outcome as it comes (to summarize again)
 
     def write(finished: bool) -> str:
         text = summarize(outcomes, time.perf_counter() - t0, command)
@@ -164,11 +199,13 @@ def main(argv=None) -> int:
                     outcome = worker.run(case, pipeline)
                     with lock:
                         outcomes.append(outcome)
+                        log.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
+                        log.flush()
                     if outcome.problems:
                         print(f"{case.name} {pipeline}: {outcome.problems[:2]}", flush=True)
                 with lock:
                     done[0] += 1
-                    if done[0] % 25 == 0:
+                    if done[0] % 10 == 0:
                         write(False)
         finally:
             worker.stop()
