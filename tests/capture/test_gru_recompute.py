@@ -5,7 +5,8 @@ module after FuseOps passes the fused gate kernel ``lv25[0]``, ``lv25[1]``, ... 
 items of that tuple), and the compiled call passes the constants themselves.  The recompute plan
 follows such a Var to its constant (``kernel_map/mapping.py``: ``_constant_behind``), so the cut
 is fed what the compiled call was fed; before, ``get`` raised ``TVMBehaviourChanged`` ("its
-parameter 1 matches no argument of the compiled call") for 84 names.
+parameter 1 matches no argument of the compiled call") for 84 names.  A parameter still fed from
+nowhere the call shows is an explicit unknown (``ValueUnavailableError``, with why), not a crash.
 """
 from __future__ import annotations
 
