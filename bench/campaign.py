@@ -101,7 +101,7 @@ AREAS = (
     ("relax.run.", "data-dependent ops / non-kernel calls (other branch: dataops)"),
     ("'int' object is not iterable", "shape values (other branch: dataops)"),
     ("'NoneType' object is not iterable", "None outputs (other branch: dataops)"),
-    ("plain TVM returns", "sequence outputs (other branch: dataops)"),
+    ("plain TVM returns", "sequence or shape outputs returned wrongly (other branch: dataops)"),
     ("outside any kernel call", "sequence / shape values (other branch: dataops)"),
     ("lost between the module imported", "outputs lost on symbolic shapes, Split above all (other branch: dataops)"),
     ("writes into it in place", "an in-place copy's destination (explicit unknown by design)"),
