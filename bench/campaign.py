@@ -16,6 +16,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import random
+import re
 import threading
 import sys
 import time
@@ -156,6 +157,30 @@ def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resummarize(out: Path, only, redo: bool) -> int:
+    """Write ``out`` again from the outcomes its run logged (``out.jsonl``): a run stopped early,
+    or (``redo``) one whose failing cases were run again after a fix, replacing their outcomes."""
+    log = out.with_suffix(".jsonl")
+    outcomes = [Outcome(**json.loads(line)) for line in log.read_text().splitlines() if line]
+    if redo:
+        worker = Worker(only)
+        try:
+            cases = {c.name: c for c in all_cases(only)}
+            outcomes = [worker.run(cases[o.case], o.pipeline) if o.problems else o for o in outcomes]
+        finally:
+            worker.stop()
+        log.write_text("".join(json.dumps(dataclasses.asdict(o)) + "\n" for o in outcomes))
+    header = out.read_text().split("\n\n")
+    run = next((h for h in header if h.startswith("Run on")), "")
+    command = (run.split("`")[1:2] or ["?"])[0]
+    seconds = float((re.findall(r"\((\d+) s\)", run) or ["0"])[0])
+    partial = next((h for h in header if h.startswith("Partial:")), "")
+    note = " Failing runs were run again after the fixes since (`--redo-problems`)." if redo else ""
+    text = summarize(outcomes, seconds, command)
+    out.write_text("# Op campaign results\n\n" + (partial + note + "\n\n" if partial or note else "") + text)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("onnx", "torch"))
@@ -166,15 +191,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "campaign_results.md")
     parser.add_argument("--summarize", action="store_true",
                         help="only write the results file again from the outcomes a run logged (PATH.jsonl)")
+    parser.add_argument("--redo-problems", action="store_true",
+                        help="as --summarize, after running again every logged outcome with a problem")
     args = parser.parse_args(argv)
-    if args.summarize:  # a run stopped early: its outcomes so far, and how many cases it had
-        rows = [json.loads(line) for line in args.out.with_suffix(".jsonl").read_text().splitlines() if line]
-        header = args.out.read_text().split("\n\n")
-        command = next((h for h in header if h.startswith("Run on")), "").split("`")[1:2] or ["?"]
-        partial = next((h for h in header if h.startswith("Partial:")), "")
-        text = summarize([Outcome(**r) for r in rows], 0, command[0])
-        args.out.write_text("# Op campaign results\n\n" + (partial + "\n\n" if partial else "") + text)
-        return 0
+    if args.summarize or args.redo_problems:
+        return resummarize(args.out, args.only, args.redo_problems)
     cases = [c for c in all_cases(args.only) if args.match in c.name]
     random.Random(0).shuffle(cases)  # a run stopped early is a uniform sample of each part:
     ours = [c for c in cases if "/test_" not in c.name]  # the torch cases and ONNX extras,
