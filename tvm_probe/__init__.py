@@ -13,7 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .core.errors import (  # noqa: E402  (version first: the dump writer records it)
-    AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, ModelError,
+    AmbiguousNameError, CorruptDumpError, DumpError, DumpExistsError, InputError, InternalError, ModelError,
     NameLookupError, NotCapturedError, NotRunError, PipelineError, ProbeError, TVMBehaviourChanged,
     TVMCompileError, TVMError, TVMRunError, UnknownNameError, UnsupportedOpError, ValueUnavailableError,
 )
@@ -26,6 +26,7 @@ _LAZY = {
     "register_reference": ".comparison.reference", "get_reference": ".comparison.reference",
     "onnxruntime_values": ".comparison.reference.onnxruntime", "torch_values": ".comparison.reference.torch",
     "tflite_values": ".comparison.reference.tflite", "Instrument": ".capture.instrument",
+    "QuantSpec": ".importer.quantize",
 }
 
 from ._moved import install as _install_moved  # noqa: E402
@@ -40,7 +41,7 @@ __all__ = [
     *_LAZY, "compare", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
-    "TVMBehaviourChanged", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
+    "TVMBehaviourChanged", "InternalError", "TVMError", "TVMCompileError", "TVMRunError", "__version__",
 ]
 
 

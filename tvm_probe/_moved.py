@@ -28,6 +28,7 @@ MOVED = {
     "hf": "llm.hf", "split": "tools.split", "reduce": "tools.reduce", "precision": "tools.precision",
     "precision.analysis": "tools.precision.analysis", "precision.search": "tools.precision.search",
     "precision.spec": "core.precision", "precision.lower": "build.precision",
+    "quantization": "tools.quantization",
     "report": "show.report", "view": "show.view",
 }
 

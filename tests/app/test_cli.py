@@ -85,7 +85,7 @@ def test_tampered_reference_weight_exits_1_and_names_the_first_divergent_op(tmp_
 
 
 @pytest.mark.parametrize("config_text, fragment", [
-    ("model: {demo: {}}\npipeline: nope\n", ":2: pipeline: must be one of default, fused, got 'nope'"),
+    ("model: {demo: {}}\npipeline: nope\n", ":2: pipeline: must be one of default, fused, default_build, zero, static_shape_tuning, got 'nope'"),
     ("model: {onnx: nowhere.onnx}\n", ":1: model.onnx: file"),
     ("model: {demo: {}}\ncapture: ['*/NoSuchOp']\noutput: {}\nreference: none\n",
      "capture: pattern '*/NoSuchOp' matches no source value"),

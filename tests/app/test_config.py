@@ -44,9 +44,9 @@ def test_every_problem_is_reported_with_its_line(tmp_path):
     assert str(err.value) == (
         f"{path} has 4 problems: "
         f"line 2: model.onnx: file '{tmp_path / 'missing.onnx'}' does not exist; "
-        "line 3: pipeline: must be one of default, fused, got 'turbo'; "
+        "line 3: pipeline: must be one of default, fused, default_build, zero, static_shape_tuning, got 'turbo'; "
         "line 4: colour: unknown key; valid keys here: model, inputs, target, pipeline, capture, reference, output, "
-        "split, verify, import_fixes, remote, precision, generate; "
+        "split, verify, import_fixes, remote, precision, generate, quantization; "
         "line 7: reference.atol: must be a number >= 0, got -1")
 
 
@@ -78,7 +78,7 @@ def test_overrides_use_the_same_schema(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path, ["pipeline=x"])
     # the problem is where the value came from: the --set, not a line of the file
-    assert str(err.value) == "--set pipeline=x: pipeline: must be one of default, fused, got 'x'"
+    assert str(err.value) == "--set pipeline=x: pipeline: must be one of default, fused, default_build, zero, static_shape_tuning, got 'x'"
     with pytest.raises(ConfigError, match="is not KEY=VALUE"):
         load_config(path, ["pipeline"])
 
@@ -128,7 +128,7 @@ def test_reference_tvm_none_and_a_tvm_build_with_its_spec(tmp_path):
     nothing = reference("none")
     assert nothing.runtime == "none" and nothing.build is None and chosen_reference(nothing) is None
     assert chosen_reference(reference("onnxruntime")).name == "onnxruntime"
-    with pytest.raises(ConfigError, match=r"reference.tvm.pipeline: must be one of default, fused, got 'fast'"):
+    with pytest.raises(ConfigError, match=r"reference.tvm.pipeline: must be one of default, fused, default_build, zero, static_shape_tuning, got 'fast'"):
         reference("{tvm: {pipeline: fast}}")
 
 

@@ -78,7 +78,7 @@ def test_unknown_pipeline_and_target():
     model, _ = folding_model()
     with pytest.raises(PipelineError) as err:
         Probe.from_onnx(model, pipeline="turbo")
-    assert one_line(err) == "unknown pipeline 'turbo': use one of default, fused or a tvm.transform.Pass"
+    assert one_line(err) == "unknown pipeline 'turbo': use one of default, fused, default_build, zero, static_shape_tuning or a tvm.transform.Pass"
     with pytest.raises(PipelineError) as err:
         Probe.from_onnx(model, target="no-such-target")
     assert one_line(err).startswith("target 'no-such-target' is not a TVM target")

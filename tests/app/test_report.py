@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tvm_probe import report
+from tvm_probe.show import graph as show_graph
 from tvm_probe.comparison.verdict import compare
 from tvm_probe.core.errors import ProbeError
 
@@ -137,14 +138,16 @@ def test_html_is_self_contained_and_well_formed(bert_probe, passing, tmp_path):
     assert checker.counts["table"] >= 3  # compare, nodes, sources
     for header in ("max_abs", "served", "symbol", "source_names", "time_us", "op_type"):
         assert f"<th>{header}</th>" in text
-    assert KNOWN_NAME in text and passing.verdict() in text
+    plain = text.replace("<wbr>", "")  # where a long name may wrap
+    assert KNOWN_NAME in plain and passing.verdict() in plain
     # Nothing to fetch: the only URLs allowed are SVG namespace declarations.
     rest = re.sub(r'xmlns(:\w+)?="https?://[^"]*"', "", text)
     assert "http://" not in rest and "https://" not in rest
     assert not re.search(r"<(script|link|img|iframe)\b", text)
     assert 'aria-label="max abs error per compared value"' in text
     assert 'aria-label="time per kernel call"' in text
-    assert checker.counts["svg"] == 3  # both plots and the graph (Graphviz's, or drawn by tvm_probe without it)
+    # both plots, the graph (Graphviz's, or drawn by tvm_probe without it) and the columns that show it
+    assert checker.counts["svg"] >= 4 and 'id="kernel-graph-body"' in text
 
 
 def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path):
@@ -159,10 +162,11 @@ def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path)
 
     text = report.write_report(tmp_path, bert_probe, failing, formats="html")["html"].read_text(encoding="utf-8")
     check_html(text)
-    assert re.search(r'<p id="verdict" class="fail">', text)
-    marked = re.search(r'<code id="first-divergent">([^<]*)</code>', text)
-    assert marked and marked.group(1) == first.name
-    assert '<g class="first-divergent">' in text and f"graph node {node}," in text
+    assert re.search(r'<div id="verdict" class="verdict fail">', text)
+    marked = re.search(r'<code id="first-divergent">(.*?)</code>', text)
+    assert marked and marked.group(1).replace("<wbr>", "") == first.name
+    symbol = bert_probe.node_infos[node].symbol
+    assert '<g class="first-divergent">' in text and f"graph node {node}: {symbol}#" in text
 
 
 def test_dot_parses_and_shortens_names(bert_probe, passing):
@@ -181,9 +185,9 @@ def test_dot_parses_and_shortens_names(bert_probe, passing):
 
 def test_dot_escaping_survives_graphviz():
     nasty = 'say "hi"\\ to\nme'
-    quoted = report._quote(nasty)
+    quoted = show_graph._quote(nasty)
     assert quoted == '"say \\"hi\\"\\\\ to\\nme"'
-    html_text = report._html_text('<a & "b">\n')
+    html_text = show_graph._html_text('<a & "b">\n')
     assert "<" not in html_text and "\n" not in html_text
     text = f"digraph g {{ a [label={quoted}]; b [label=<<B>{html_text}</B>>]; a -> b; }}"
     pydot = pytest.importorskip("pydot")
@@ -207,7 +211,7 @@ def test_without_graphviz_the_report_still_works(bert_probe, passing, tmp_path, 
     paths = report.write_report(tmp_path, bert_probe, passing, formats=("graph", "html"))
     assert set(paths) == {"dot", "svg", "html"}  # graph.svg drawn by tvm_probe's own layout
     text = paths["html"].read_text(encoding="utf-8")
-    assert check_html(text).counts["svg"] == 3 and 'id="kernel-graph"' in text and "graph.dot" in text
+    assert check_html(text).counts["svg"] >= 4 and 'id="kernel-graph"' in text and "graph.dot" in text
     assert paths["svg"].read_text(encoding="utf-8").count('class="node"') == len(bert_probe.node_infos)
 
 

@@ -10,17 +10,16 @@ protocol (a websocket); a screenshot of each page is saved under ``build/test-ar
 """
 from __future__ import annotations
 
-import base64
+import html
 import json
 import os
 import re
 import shutil
+import signal
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
-import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import onnx
 import pytest
 from support import SUPPORT
+from support.browser import Chromium, free_port, needs_chromium, png_size, wait
 from support.tvm_bugs import BUGS
 
 from tvm_probe import Probe, load_dump
@@ -37,10 +37,6 @@ me = pytest.importorskip("model_explorer", reason='the view extra is not install
 
 BUG = BUGS["relu_nan"]
 DIVERGENT = BUG.nodes[0]          # "bug/relu": where TVM's arithmetic goes wrong
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                    "(apt-get install chromium; .ci/run does)")
-ARTIFACTS = Path(os.environ.get("TVM_PROBE_ARTIFACTS", Path(__file__).parents[2] / "build" / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -171,108 +167,96 @@ def test_a_port_in_use_is_a_one_line_error(bug_dump, capsys):
 
 
 # ------------------------------------------------------------------------------ a real browser
-class Chromium:
-    """Headless Debian chromium driven through the DevTools protocol (one page)."""
-
-    def __init__(self, url: str, size=(1400, 900)):
-        import websocket
-
-        self.profile = tempfile.mkdtemp(prefix="tvm_probe_chromium_")
-        port = _free_port()
-        self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
-             f"--window-size={size[0]},{size[1]}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        page = _wait(lambda: next((p for p in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-                                   if p["type"] == "page"), None), 30, "chromium's DevTools endpoint")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True, timeout=60)
-        self.n = 0
-
-    def call(self, method: str, **params):
-        self.n += 1
-        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == self.n:
-                assert "error" not in msg, msg
-                return msg["result"]
-
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
-
-    def wait_for(self, *patterns: str, timeout: float = 60) -> str:
-        """The page's text once every regular expression (case-insensitive) matches in it: the
-        page keeps rendering after it loads, so a single reading could come too early."""
-        def ready():
-            text = self.evaluate("document.body ? document.body.innerText : ''") or ""
-            return text if all(re.search(p, text, re.I) for p in patterns) else None
-        return _wait(ready, timeout, f"the page to show {patterns}")
-
-    def screenshot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / name
-        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
-        return path
-
-    def close(self):
-        self.ws.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        shutil.rmtree(self.profile, ignore_errors=True)
+def _start_view(dump, port: int, tmp: Path, *extra: str) -> subprocess.Popen:
+    """``tvm-probe view DUMP --no-browser`` as a user starts it from a shell: its temporary folder
+    under ``tmp`` (TMPDIR), Ctrl-C delivered with its default action whatever started the tests."""
+    return subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(dump), "--no-browser",
+                             "--port", str(port), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(probe, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            got = probe()
-        except OSError:
-            got = None
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
+def _served_page(proc: subprocess.Popen, port: int) -> tuple[str, str]:
+    """The one line ``tvm-probe view`` prints: (the page it names, Model Explorer's full address
+    that page forwards to), once the server answers."""
+    line = proc.stdout.readline()
+    found = re.fullmatch(r"tvm-probe view: (file://\S+/open\.html) \(Model Explorer on http://localhost:(\d+); "
+                         r"Ctrl-C stops it\)\n", line)
+    assert found and int(found.group(2)) == port, (line, proc.stderr.read() if proc.poll() is not None else "")
+    page = Path(urllib.parse.unquote(urllib.parse.urlparse(found.group(1)).path))
+    url = html.unescape(re.search(r'url=([^"]+)"', page.read_text(encoding="utf-8")).group(1))
+    assert url.startswith(f"http://localhost:{port}/?data=")
+    wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
+         60, "Model Explorer's server")
+    return found.group(1), url
 
 
 @pytest.fixture(scope="module")
-def server(bug_dump):
-    """``tvm-probe view DUMP --no-browser`` on a free port, as a user starts it; its page address."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "view", str(bug_dump), "--no-browser",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def server(bug_dump, tmp_path_factory):
+    """A running ``tvm-probe view``: (the page it prints, the address that page forwards to)."""
+    port = free_port()
+    proc = _start_view(bug_dump, port, tmp_path_factory.mktemp("tmp"))
     try:
-        url = None
-        for line in proc.stdout:  # the address comes first, then Model Explorer's own banner
-            if line.startswith("tvm-probe view: "):
-                url = line.split(": ", 1)[1].strip()
-                break
-        assert url and f":{port}/" in url, "tvm-probe view printed no address"
-        _wait(lambda: urllib.request.urlopen(f"http://localhost:{port}/check_health").read() == b"model_explorer_ok",
-              60, "Model Explorer's server")
-        yield url
+        yield _served_page(proc, port)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
+# ------------------------------------------------------------------------------ one line, no leftovers
+def _leftovers(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("tvm_probe_view_*"))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_view_prints_one_short_line_and_leaves_no_folder_when_stopped(bug_dump, tmp_path, stop):
+    port = free_port()
+    proc = _start_view(bug_dump, port, tmp_path)
+    try:
+        page, _ = _served_page(proc, port)
+        assert _leftovers(tmp_path) and Path(urllib.parse.urlparse(page).path).is_file()  # while it serves
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err  # stopped as asked: not an error
+    assert out == "" and err == ""  # nothing after the one line: no banner, no adapter list, no address
+    assert len(page) < 120 and _leftovers(tmp_path) == []
+
+
+def test_view_leaves_no_folder_when_stopped_while_it_prepares(bug_dump, tmp_path):
+    """SIGTERM as soon as the temporary folder exists (comparing, exporting or starting up)."""
+    proc = _start_view(bug_dump, free_port(), tmp_path)
+    try:
+        wait(lambda: _leftovers(tmp_path) or proc.poll() is not None, 120, "the view's temporary folder")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 2) and _leftovers(tmp_path) == []
+
+
+def test_view_leaves_no_folder_after_an_error(bug_dump, tmp_path):
+    """An error once the folder exists (the source model given is missing: found while exporting),
+    in a real process through the Python API, as a notebook calls it."""
+    code = ("import sys\nfrom tvm_probe import load_dump, ProbeError\nfrom tvm_probe.comparison.verdict import compare\n"
+            "from tvm_probe.show.view import view\nr = load_dump(sys.argv[1])\n"
+            "try:\n    view(r, compare(r, {}), model=sys.argv[2], open_browser=False)\n"
+            "except ProbeError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(bug_dump), str(tmp_path / "missing.onnx")],
+                         capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=300)
+    assert run.stdout.strip() == f"the source model '{tmp_path / 'missing.onnx'}' does not exist: give it with --model PATH"
+    assert _leftovers(tmp_path) == []
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_the_divergent_nodes_overlay_is_on_the_rendered_page(server):
-    browser = Chromium(server)
+    browser = Chromium(server[0])  # the printed page, which forwards to Model Explorer
     try:
         # the address selects the first divergent node: its info panel lists every overlay
         text = browser.wait_for(r"node data providers", r"\bid\s+" + re.escape(DIVERGENT) + r"\s",
@@ -283,7 +267,7 @@ def test_the_divergent_nodes_overlay_is_on_the_rendered_page(server):
     finally:
         browser.close()
     assert "tvm_probe time (us)" in text
-    width, height = _png_size(shot)  # the viewport: the window less its frame
+    width, height = png_size(shot)  # the viewport: the window less its frame
     assert width == 1400 and height > 600 and shot.stat().st_size > 20_000
 
 
@@ -303,7 +287,7 @@ def _on_the_kernel_graph(url: str) -> str:
 @needs_chromium
 def test_the_kernel_graph_groups_the_divergent_op_in_its_kernel(server):
 
-    browser = Chromium(_on_the_kernel_graph(server))
+    browser = Chromium(_on_the_kernel_graph(server[1]))
     try:
         browser.wait_for(r"TVM kernels", r"\bid\s+" + re.escape(DIVERGENT) + r":0\s",
                          r"namespace\s+fused_\w*relu\w*#0",  # the op sits in its kernel's group
@@ -320,7 +304,7 @@ def test_the_exported_kernel_graph_loads_in_model_explorers_own_server(exported)
 
     command = _read(exported / "view.json")["commands"][-1].split()
     assert command[0] == "model-explorer" and command[1].endswith("kernels.json")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([shutil.which("model-explorer"), *command[1:], "--no_open_in_browser", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -350,13 +334,18 @@ def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
         browser.wait_for(r"Graph nodes")
         boxes = browser.evaluate("""[...document.querySelectorAll('#kernel-graph g.node')].map(g => {
             const r = g.getBoundingClientRect(); return [g.id, g.dataset.status, r.width, r.height]; })""")
+        # every line of text inside its box, in the drawing's own units (as the page's columns show it)
+        overflowing = browser.evaluate("""[...document.querySelectorAll('#kernel-graph g.node')].flatMap(g => {
+            const r = g.querySelector('rect').getBBox();
+            return [...g.querySelectorAll('text')].filter(t => { const b = t.getBBox();
+                return b.x < r.x - 1 || b.x + b.width > r.x + r.width + 1; }).map(t => t.textContent); })""")
         browser.evaluate("document.getElementById('kernel-graph').scrollIntoView()")
         browser.screenshot("report-graph.png")
     finally:
         browser.close()
     nodes = load_dump(bug_dump).node_infos
     assert [b[0] for b in boxes] == [f"node-{n.index}" for n in nodes]
-    assert all(w > 50 and h > 10 for _, _, w, h in boxes)  # drawn, with room for their text
+    assert all(w > 50 and h > 10 for _, _, w, h in boxes) and overflowing == []  # drawn, with room for their text
     assert {b[0]: b[1] for b in boxes}["node-1"] == "first divergent"  # the kernel holding bug/relu
 
 

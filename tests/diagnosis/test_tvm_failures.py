@@ -380,4 +380,8 @@ def test_warnings_reach_the_report_and_survive_a_dump(tmp_path):
     reader = load_dump(tmp_path / "dump")
     assert reader.findings() == expected
     page = write_report(tmp_path / "rep", reader, formats=("html",))["html"].read_text()
-    assert all(html.escape(line) in page for line in expected)
+    # in their own section, after the verdict: each message once, with the ops it concerns
+    assert page.index('id="verdict"') < page.index('id="warnings"') < page.index('id="compile-warnings"')
+    section = page[page.index('id="compile-warnings"'):]
+    for message, op in [(POW_WARNING, "cube (Pow)"), (GATHER_WARNING, "emb (Gather)")]:
+        assert section.count(html.escape(message)) == 1 and html.escape(op) in section

@@ -184,3 +184,22 @@ def test_a_prepared_call_that_sees_other_kernel_calls_is_not_repeated():
     p.call("encode", x, capture=["h"])
     assert p.call_record().capture.instrument != HOOK
     np.testing.assert_allclose(p.get("h"), encode_ref(XS[0])["h"], rtol=1e-5, atol=1e-6)
+
+
+def test_set_params_swaps_a_held_weight_without_a_rebuild():
+    p = Probe.from_relax(two_functions(), params={"w": W})
+    p.call("encode", XS[0])
+    executable = p.built.executable
+    W2 = (W * -2).astype("float32")
+    p.set_params({"w": W2})
+    assert p.built.executable is executable and p.num_calls == 1
+    with pytest.raises(ProbeError):  # the earlier call ran with the old weight: forgotten
+        p.get("h", call=0)
+    for _ in range(3):  # the prepared fast call too takes the new weight
+        p.call("encode", XS[1])
+    np.testing.assert_allclose(p.get("h"), XS[1] @ W2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(p.get("w"), W2)
+    with pytest.raises(ProbeError, match="holds no weight 'nope'|holds no weight nope"):
+        p.set_params({"nope": W})
+    with pytest.raises(ModelError, match=r"w takes float32\[4, 3\], got float32\[3, 4\]"):
+        p.set_params({"w": W.T.copy()})

@@ -176,7 +176,7 @@ def test_a_custom_pipeline_reduces_but_cannot_be_written_standalone(tmp_path):
     assert _node_names(result.model) == ["bug/relu"]
     with pytest.raises(ReduceError) as err:
         result.write(tmp_path / "repro")
-    assert str(err.value) == ("repro.py needs a named pipeline ('default' or 'fused'), not the custom pass "
+    assert str(err.value) == ("repro.py needs a named pipeline (one of default, fused, default_build, zero, static_shape_tuning), not the custom pass "
                               "'_pipeline': a standalone script cannot rebuild it")
     assert list(tmp_path.iterdir()) == []
 

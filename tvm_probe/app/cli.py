@@ -12,6 +12,7 @@
     tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
     tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
     tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
+    tvm-probe quantization FLOAT QUANTIZED [--inputs F] [--target-sqnr DB]   which ops' int8 quantization hurts
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.app.investigate` and the stage modules; the exit statuses in
@@ -30,18 +31,29 @@ import numpy as np
 from .. import __version__
 from ..capture.remote import Server
 from ..comparison.dump import compare_dump
+from ..comparison.reference import is_no_reference
+from ..comparison.terms import recorded_terms
 from ..comparison.verdict import compare
 from ..core.errors import ProbeError, TVMError, UnknownNameError, one_line
 from ..core.native_log import native_log_to_logging, release_native
-from ..core.schema import EXIT_HELP, Exit
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, EXIT_HELP, PIPELINES, Exit
 from ..core.sources import Kind
 from ..core.tolerance import default_tolerance
+from ..importer.onnx import load_onnx
 from ..llm import GenerationOutcome
 from ..show.report import write_graph, write_report
 from ..show.view import export, model_explorer, reference_comparison, view
 from ..store.dump import load_dump
-from .config import load_config
-from .investigate import investigate, precision_investigation, reduce_investigation, split_investigation
+from .config import ConfigError, load_config
+from .investigate import (
+    QuantizationOutcome,
+    investigate,
+    model_inputs,
+    precision_investigation,
+    quantization_investigation,
+    reduce_investigation,
+    split_investigation,
+)
 from .progress import Progress
 
 
@@ -107,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
                   epilog=EXIT_HELP)
     cmp.add_argument("dump", type=Path)
     cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
-    _tolerance_arguments(cmp)
+    _tolerance_arguments(cmp, recorded=True)
     cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
 
     diff = command("diff", help="compare two dumps of one source model by source name (DUMP_B is the reference)",
@@ -122,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = command("report", help="write tables (CSV, HTML) and the graph for a dump")
     rep.add_argument("dump", type=Path)
     rep.add_argument("-o", "--output", type=Path, required=True, help="report folder")
+    _tolerance_arguments(rep, recorded=True)
 
     graph = command("graph", help="write the kernel graph of a dump as DOT or SVG")
     graph.add_argument("dump", type=Path)
@@ -156,13 +169,17 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--custom-addr", help="the address to report to the tracker (default: the one it sees)")
     _view_arguments(command)
     _precision_arguments(command)
+    _quantization_arguments(command)
     return p
 
 
-def _tolerance_arguments(parser) -> None:
+def _tolerance_arguments(parser, recorded: bool = False) -> None:
     f32 = default_tolerance("float32")
-    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: by dtype, {f32.atol:g} for float32)")
-    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: by dtype, {f32.rtol:g} for float32)")
+    where = "the dump's recorded tolerance, else " if recorded else ""
+    parser.add_argument("--atol", type=float, help=f"absolute tolerance (default: {where}by dtype, "
+                                                   f"{f32.atol:g} for float32)")
+    parser.add_argument("--rtol", type=float, help=f"relative tolerance (default: {where}by dtype, "
+                                                   f"{f32.rtol:g} for float32)")
 
 
 def _config_arguments(parser) -> None:
@@ -175,7 +192,7 @@ def _config_arguments(parser) -> None:
 def _cmd_run(args, progress) -> int:
     overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
     outcome = investigate(load_config(args.config, overrides), progress)
-    if isinstance(outcome, GenerationOutcome):  # an hf: model generates: per step, not per value
+    if isinstance(outcome, (GenerationOutcome, QuantizationOutcome)):  # per step / per quantized op
         for line in outcome.lines():
             print(line)
         return outcome.exit_code
@@ -285,9 +302,28 @@ def _print_comparison(args, reader, comparison) -> int:
 
 
 def _cmd_report(args, progress) -> int:
-    for kind, path in write_report(args.output, load_dump(args.dump)).items():
+    reader = load_dump(args.dump)
+    comparison = _recorded_verdict(reader, args, progress)
+    for kind, path in write_report(args.output, reader, comparison).items():
         print(f"{kind}: {path}")
+    if comparison is not None:
+        print(comparison.verdict())
     return Exit.OK
+
+
+def _recorded_verdict(reader, args, progress):
+    """The dump judged as its run was (its recorded verdict terms, or --atol/--rtol), for its
+    report; None, saying why, when the run compared with nothing or the model is not found."""
+    terms = recorded_terms(reader)
+    asked = args.atol is not None or args.rtol is not None
+    if not asked and (terms is None or is_no_reference(terms.reference)):
+        return None
+    try:
+        with progress.stage("compare") as stage:
+            return compare_dump(reader, None, args.atol, args.rtol, stage.update)
+    except ProbeError as err:
+        print(f"the report has no verdict: {err}")
+        return None
 
 
 def _cmd_graph(args, progress) -> int:
@@ -349,7 +385,7 @@ def _view_arguments(command) -> None:
     view.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
     view.add_argument("--export", type=Path, metavar="DIR", help="write Model Explorer JSON files to DIR; no server")
     view.add_argument("--overwrite", action="store_true", help="with --export: replace a non-empty DIR")
-    _tolerance_arguments(view)
+    _tolerance_arguments(view, recorded=True)
 
 
 def _cmd_view(args, progress) -> int:
@@ -399,6 +435,64 @@ _COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_
 
 
 _COMMANDS["precision"] = _cmd_precision
+
+
+# -- tvm-probe quantization (tvm_probe/tools/quantization/) ---------------------------------------
+def _quantization_arguments(command) -> None:
+    quant = command("quantization", help="rank the ops of an ONNX QDQ model by what their quantization costs; "
+                                         "check TVM's build of it against onnxruntime",
+                    description="Build the QDQ model (onnxruntime's quantize_static, QuantFormat.QDQ) with TVM, "
+                                "compare every quantized op with the float model (onnxruntime) and with "
+                                "onnxruntime's run of the same QDQ model, then rank the ops by the outputs' SQNR with "
+                                "each op in float in turn (one build holds every variant).  Writes DIR/quantization.csv, "
+                                "DIR/sensitivity.csv and, with --target-sqnr, DIR/keep_float.onnx.  Exit 1 when TVM "
+                                "differs from onnxruntime on the QDQ model or the target cannot be reached.",
+                    epilog=EXIT_HELP)
+    quant.add_argument("float_model", type=Path, metavar="FLOAT", help="the float ONNX model")
+    quant.add_argument("quantized_model", type=Path, metavar="QUANTIZED", help="its QDQ model")
+    quant.add_argument("--inputs", type=Path, metavar="F",
+                       help=".npz of arrays named as the model's inputs (.npy for one input); default: random, "
+                            "uniform in [-1, 1), seed 0")
+    quant.add_argument("--target-sqnr", type=float, metavar="DB",
+                       help="find the ops to keep in float so that the outputs' SQNR reaches DB")
+    quant.add_argument("-o", "--output", type=Path, default=Path("quantization"), metavar="DIR",
+                       help="folder for the tables (default: ./quantization)")
+    quant.add_argument("--view", action="store_true",
+                       help="also write Model Explorer overlays of the float model to DIR/view (needs tvm_probe[view])")
+    quant.add_argument("--pipeline", default=DEFAULT_PIPELINE, choices=PIPELINES,
+                       help=f"TVM pipeline (default: {DEFAULT_PIPELINE})")
+    quant.add_argument("--target", default=DEFAULT_TARGET, help=f"TVM target (default: {DEFAULT_TARGET})")
+
+
+def _cmd_quantization(args, progress) -> int:
+    float_model = load_onnx(args.float_model)
+    load_onnx(args.quantized_model)  # a missing file is said before any work
+    given = _read_inputs(args.inputs, float_model) if args.inputs is not None else None
+    outcome = quantization_investigation(float_model, args.quantized_model, model_inputs(float_model, given),
+                                         args.output, args.target_sqnr, args.pipeline, args.target, progress,
+                                         view=args.view)
+    for line in outcome.lines():
+        print(line)
+    return outcome.exit_code
+
+
+def _read_inputs(path: Path, model) -> dict[str, np.ndarray]:
+    """``--inputs``: an .npz of arrays by input name, or an .npy for a model with one input."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--inputs: cannot read '{path}' ({one_line(err)}): give a .npz (or .npy) file") from None
+    if isinstance(loaded, np.ndarray):
+        names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+        if len(names) != 1:
+            raise ConfigError(f"--inputs: '{path}' holds one array and the model has inputs {', '.join(names)}: "
+                              "give a .npz with one array per input name")
+        return {names[0]: loaded}
+    with loaded:
+        return {k: loaded[k] for k in loaded.files}
+
+
+_COMMANDS["quantization"] = _cmd_quantization
 
 
 def main(argv=None) -> int:

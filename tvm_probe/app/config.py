@@ -21,6 +21,8 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
     remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
     precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.precision)
+    quantization: {model: QDQ.onnx, target_sqnr: DB}   (model: {onnx: FLOAT}; `run` compares the QDQ model
+                with it op by op, ranks the ops, writes the tables to output.report; tvm_probe.quantization)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..capture.remote.spec import parse_remote, remote_problems
+from ..comparison.terms import VerdictTerms
 from ..comparison.reference import (
     NO_REFERENCE,
     TVM_BUILD,
@@ -46,8 +49,8 @@ from ..comparison.reference import (
     reference_names,
 )
 from ..core.errors import ProbeError
-from ..core.precision import PrecisionError, parse_precision
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINES, REPORT_FORMATS, name_matches
+from ..core.precision import PrecisionError, parse_precision, precision_tolerance
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINE_NAMES, REPORT_FORMATS
 from ..core.tolerance import Tolerance
 from ..importer.demo import PRESETS, SIZES
 from ..importer.kinds import ModelAdapter, adapter_for, adapters
@@ -144,12 +147,18 @@ class ReferenceSpec:
     rtol: float | None = None
     tolerances: tuple[tuple[str, Tolerance], ...] = ()
 
+    def terms(self, selection="default", precision: bool = False) -> VerdictTerms:
+        """The terms a run's verdict is given on (what its dump records): this reference and
+        tolerance; with ``precision`` (a reduced-precision build), float16's tolerance by default."""
+        atol, rtol = self.atol, self.rtol
+        if precision:
+            atol, rtol = precision_tolerance(self).atol, precision_tolerance(self).rtol
+        return VerdictTerms(reference=self.runtime, reference_options=dict(self.build or {}), atol=atol, rtol=rtol,
+                            tolerances=self.tolerances, selection=selection)
+
     def tolerance_for(self, names) -> Tolerance | None:
         """The per-pattern tolerance of a value with these names, or None (use the default)."""
-        for pattern, tol in self.tolerances:
-            if any(name_matches(n, pattern) for n in names):
-                return tol
-        return None
+        return self.terms().tolerance_for(names)
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,15 @@ class SplitSpec:
 
 
 @dataclass(frozen=True)
+class QuantizationSpec:
+    """``quantization:``: the QDQ model of the config's (float) ONNX model, and the outputs' SQNR
+    to reach by keeping ops in float (None: rank only)."""
+
+    model: Path
+    target_sqnr: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated config (see the module docstring)."""
 
@@ -186,6 +204,7 @@ class Config:
     remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
     precision: Any = None   # a tvm_probe.precision.PrecisionSpec: build in reduced precision
     generate: Any = None    # a GenerateSpec: generate with a KV cache, compare every step (model: {hf: ...})
+    quantization: Any = None  # a QuantizationSpec: the float model's QDQ model, compared and ranked
     source: Path | None = None
     overrides: tuple[str, ...] = ()
 
@@ -293,7 +312,7 @@ class _Validator:
 
     def config(self, data: dict) -> Config:
         known = ("model", "inputs", "target", "pipeline", "capture", "reference", "output", "split", "verify",
-                 "import_fixes", "remote", "precision", "generate")
+                 "import_fixes", "remote", "precision", "generate", "quantization")
         self.unknown_keys(data, (), known)
         is_hf = isinstance(data.get("model"), dict) and "hf" in data["model"]
         if "model" not in data:
@@ -303,7 +322,7 @@ class _Validator:
             model=model or ModelSpec(),
             inputs=self.inputs(data.get("inputs") or {}),
             target=self.string(data, ("target",), DEFAULT_TARGET),
-            pipeline=self.choice(data, ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+            pipeline=self.choice(data, ("pipeline",), PIPELINE_NAMES, DEFAULT_PIPELINE),
             capture=self.capture(data.get("capture", "all")),
             reference=self.reference(data.get("reference", (model or ModelSpec()).adapter.reference)),
             output=self.output(data.get("output") or {}),
@@ -313,6 +332,7 @@ class _Validator:
             remote=self.remote(data["remote"]) if data.get("remote") is not None else None,
             precision=self.precision(data.get("precision")),
             generate=self.generate(data.get("generate"), is_hf),
+            quantization=self.quantization(data["quantization"], model) if "quantization" in data else None,
             source=self.path,
             overrides=tuple(self.overridden.values()),
         )
@@ -374,6 +394,11 @@ class _Validator:
         if not is_no_reference(runtime) and not get_reference(runtime).runs(kind):
             self.fail(("reference",), f"{runtime!r} cannot run {adapter_for(kind).described}: use reference: "
                                       f"{reference_for(kind).name}")
+        if cfg.quantization is not None:  # both models built here as given, compared with onnxruntime
+            for key in ("precision", "remote", "split"):
+                if getattr(cfg, key) is not None:
+                    self.fail((key,), "cannot go with quantization: (the float and QDQ models are built on this "
+                                      f"machine as they are): remove '{key}'")
 
     def resolve(self, value: str) -> Path:
         """A config path: relative ones are relative to the config file's folder."""
@@ -487,6 +512,25 @@ class _Validator:
             ints[key] = got
         return GenerateSpec(prompt=tuple(prompt) if prompt != "random" else "random", **ints)
 
+    def quantization(self, value, model: ModelSpec | None) -> QuantizationSpec | None:
+        """``quantization: {model: QDQ.onnx, target_sqnr: DB}`` beside ``model: {onnx: FLOAT}``."""
+        keys = ("quantization",)
+        if self.mapping(value, keys) is None:
+            return None
+        self.unknown_keys(value, keys, ("model", "target_sqnr"))
+        if model is not None and model.kind != "onnx":
+            self.fail(keys, f"compares an ONNX model with its QDQ model: give model: {{onnx: FLOAT.onnx}}, "
+                            f"not a {model.kind} model")
+        if "model" not in value:
+            self.fail(keys + ("model",), "missing: the QDQ model (quantize_static(..., QuantFormat.QDQ))")
+            return None
+        path = self.existing_file(value["model"], keys + ("model",))
+        target = value.get("target_sqnr")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+            self.fail(keys + ("target_sqnr",), f"must be a number of dB, got {target!r}")
+            target = None
+        return QuantizationSpec(path, float(target) if target is not None else None) if path else None
+
     def inputs(self, value) -> tuple[InputSource, ...]:
         keys = ("inputs",)
         if self.mapping(value, keys) is None:
@@ -563,7 +607,7 @@ class _Validator:
         if self.mapping(value, keys) is None:
             return None
         self.unknown_keys(value, keys, ("pipeline", "target"))
-        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINES, DEFAULT_PIPELINE),
+        return {"pipeline": self.choice(value, keys + ("pipeline",), PIPELINE_NAMES, DEFAULT_PIPELINE),
                 "target": self.string(value, keys + ("target",), DEFAULT_TARGET)}
 
     def output(self, value) -> OutputSpec:

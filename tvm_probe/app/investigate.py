@@ -15,22 +15,26 @@ from pathlib import Path
 import numpy as np
 
 from ..capture.remote import connect
-from ..comparison.reference import get_reference, is_no_reference
+from ..comparison.reference import configured_reference, is_no_reference
+from ..comparison.terms import METADATA_KEY as TERMS_KEY
 from ..comparison.verdict import compare
 from ..core.errors import NameLookupError, UnknownNameError
 from ..core.metrics import error_stats, worst
 from ..core.names import NameIndex
 from ..core.precision import PrecisionError, precision_tolerance
-from ..core.schema import Exit
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, Exit
 from ..core.tolerance import Tolerance, tolerance_of, within
 from ..llm import investigate_generation
 from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference
+from ..show.generation import write_generation_report
 from ..show.report import write_precision_report, write_report
+from ..show.view import export_quantization
 from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
+from ..tools.quantization import QuantizationError, compare_quantized, sensitivity
 from ..tools.reduce import reduce
 from ..tools.split import balance, run_pipeline, split
-from .config import Config, ConfigError, ModelSpec
+from .config import Config, ConfigError, InputSource, ModelSpec
 from .progress import Progress
 
 
@@ -117,22 +121,27 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     """Run the investigation ``config`` describes: probe, dump, compare, verify, report."""
     progress = progress or Progress(enabled=False)
     if config.generate is not None:  # model: {hf: ...}: a generation, compared step by step
-
-        return investigate_generation(config, progress)
+        outcome = investigate_generation(config, progress)
+        if config.output.report is not None:  # beside its CSV tables: the page (show/ is above llm/)
+            outcome.report["html"] = write_generation_report(config.output.report, outcome.comparison)
+        return outcome
+    if config.quantization is not None:  # the float model against its QDQ model, op by op
+        return config_quantization(config, progress)
     model = config.model.load()
     probe, inputs = build_probe(config, model, progress)
     capture = config.capture if config.capture in (None, "all") else list(config.capture)
     with progress.stage("run"):
         probe.run(inputs, capture=capture)
     outcome = Outcome(probe=probe, inputs=inputs)
+    terms = config.reference.terms(_selection(config.capture), precision=config.precision is not None)
     if config.output.dump is not None:
         with progress.stage("dump"):
             outcome.dump = probe.dump(config.output.dump, overwrite=config.output.overwrite,
                                       include_weights=config.output.weights,
-                                      metadata={"model": config.model.describe()})
+                                      metadata={"model": config.model.describe(), TERMS_KEY: terms.to_json()})
     reference = chosen_reference(config.reference)  # None: reference: none
     if reference is not None:
-        outcome.comparison = _compare(config, probe, reference, model, inputs, progress)
+        outcome.comparison = _compare(config, probe, reference, terms, model, inputs, progress)
     if config.verify:
         with progress.stage("verify (independent unfused build)"):
             outcome.verification = probe.verify(inputs)
@@ -143,17 +152,17 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
     return outcome
 
 
-def _compare(config: Config, probe, reference, model, inputs, progress):
-    spec = config.reference
-    with progress.stage(f"reference ({spec.runtime})"):  # another build reuses the probe's import
-        reference = reference.values_for(probe, spec.model or model, inputs)
-    atol, rtol = spec.atol, spec.rtol
-    if config.precision is not None:  # a reduced-precision build: float16's tolerance by default
-
-        atol, rtol = precision_tolerance(spec).atol, precision_tolerance(spec).rtol
+def _compare(config: Config, probe, reference, terms, model, inputs, progress):
+    with progress.stage(f"reference ({terms.reference})"):  # another build reuses the probe's import
+        reference = reference.values_for(probe, config.reference.model or model, inputs)
     with progress.stage("compare") as stage:
-        return compare(probe, reference, atol=atol, rtol=rtol, keys=probe.captured_keys,
-                       tolerance_for=spec.tolerance_for if spec.tolerances else None, progress=stage.update)
+        return compare(probe, reference, atol=terms.atol, rtol=terms.rtol, keys=probe.captured_keys,
+                       tolerance_for=terms.tolerance_for if terms.tolerances else None, progress=stage.update)
+
+
+def _selection(capture) -> str | tuple[str, ...]:
+    """What a config's ``capture:`` selected, as the verdict terms record it."""
+    return "default" if capture is None else capture if isinstance(capture, str) else tuple(capture)
 
 
 def chosen_reference(ref_spec):
@@ -163,9 +172,7 @@ def chosen_reference(ref_spec):
 
     if is_no_reference(ref_spec.runtime):
         return None
-    if ref_spec.build is not None:
-        return TVMBuildReference(**ref_spec.build)
-    return get_reference(ref_spec.runtime)
+    return configured_reference(ref_spec.runtime, ref_spec.build)
 
 
 def reference_values(ref_spec, model, inputs) -> dict[str, np.ndarray]:
@@ -298,15 +305,117 @@ def _graph_inputs(config: Config, model) -> dict[str, np.ndarray]:
     """The config's inputs for an ONNX model, read from its graph (no TVM import: it may fail)."""
     from types import SimpleNamespace
 
+    specs = _onnx_input_specs(model)
+    for spec in specs:
+        spec.shape = tuple(config.model.shapes.get(spec.name, spec.shape))
+    return _inputs(config, SimpleNamespace(inputs=specs), model)
+
+
+# -- tvm-probe quantization (tvm_probe/tools/quantization/) ----------------------------------------
+@dataclass
+class QuantizationOutcome:
+    """What ``tvm-probe quantization`` (and ``run`` with a ``quantization:`` key) produced."""
+
+    comparison: object
+    sensitivity: object
+    keep_float: list[str] | None = None
+    unreachable: str = ""   # why no set of ops in float reaches the target ('' when one does)
+    files: dict[str, Path] = field(default_factory=dict)
+    view_commands: list[str] = field(default_factory=list)  # model-explorer command lines (view=True)
+
+    @property
+    def exit_code(self) -> int:
+        """DIVERGED when TVM differs from onnxruntime on the quantized model, or the target SQNR
+        cannot be reached; else OK."""
+        if self.comparison.first_tvm_divergence is not None or self.unreachable:
+            return Exit.DIVERGED
+        return Exit.OK
+
+    def lines(self) -> list[str]:
+        lines = self.comparison.lines() + self.sensitivity.lines()
+        if self.keep_float is not None:
+            lines.append("keep in float: " + (", ".join(self.keep_float) or "nothing (the QDQ model as given "
+                                                                              "reaches the target)"))
+        if self.unreachable:
+            lines.append(self.unreachable)
+        lines += [f"{kind}: {path}" for kind, path in self.files.items()]
+        return lines + [f"view: {command}" for command in self.view_commands]
+
+
+def quantization_investigation(float_model, quantized_model, inputs: dict[str, np.ndarray], out_dir,
+                               target_sqnr: float | None = None, pipeline: str = DEFAULT_PIPELINE,
+                               target: str = DEFAULT_TARGET, progress: Progress | None = None,
+                               view: bool = False) -> QuantizationOutcome:
+    """Compare TVM's build of the QDQ model ``quantized_model`` with the float model and with
+    onnxruntime, rank its ops by the outputs' SQNR with each kept in float, and (with
+    ``target_sqnr``) find the ops to keep in float.  Writes ``out_dir/quantization.csv``,
+    ``sensitivity.csv``, with a target ``keep_float.onnx`` (the QDQ model with them in float),
+    and with ``view`` the Model Explorer overlays of the float model in ``out_dir/view``."""
+    progress = progress or Progress(enabled=False)
+    with progress.stage(f"compare ({pipeline} pipeline, {target})"):
+        comparison = compare_quantized(float_model, quantized_model, inputs, pipeline=pipeline, target=target)
+    with progress.stage("sensitivity (one build per quantized op)"):
+        ranking = sensitivity(float_model, quantized_model, inputs, comparison=comparison)
+    outcome = QuantizationOutcome(comparison=comparison, sensitivity=ranking)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if target_sqnr is not None:
+        with progress.stage(f"keep float (target {target_sqnr:g} dB)"):
+            try:
+                outcome.keep_float = ranking.keep_float(target_sqnr)
+            except QuantizationError as err:
+                outcome.unreachable = str(err)
+        if outcome.keep_float:
+            outcome.files["keep_float"] = out_dir / "keep_float.onnx"
+            ranking.quantized_model_with(outcome.keep_float, path=outcome.files["keep_float"])
+    for kind, table in (("quantization", comparison.table()), ("sensitivity", ranking.table())):
+        outcome.files[kind] = out_dir / f"{kind}.csv"
+        table.to_csv(outcome.files[kind], index=False)
+    if view:
+        outcome.view_commands = export_quantization(comparison, out_dir / "view", ranking, overwrite=True)
+    return outcome
+
+
+def model_inputs(model, given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Inputs for an ONNX model: ``given`` checked against its graph inputs, or (``None``) random
+    ones as a config's ``{random: {}}`` draws them (uniform in [-1, 1), seed 0)."""
+    specs = {s.name: s for s in _onnx_input_specs(model)}
+    if given is not None:
+        unknown = [n for n in given if n not in specs]
+        missing = [n for n in specs if n not in given]
+        if unknown or missing:
+            raise ConfigError(f"inputs: the model's inputs are {', '.join(specs)}; "
+                              + (f"it has no input {unknown[0]!r}" if unknown else f"no value for {missing[0]!r}"))
+        return dict(given)
+    for spec in specs.values():
+        if any(not isinstance(d, int) or d <= 0 for d in spec.shape):
+            raise ConfigError(f"input {spec.name!r} has symbolic dimensions {list(spec.shape)}: give the inputs "
+                              "(--inputs FILE.npz)")
+    return {n: InputSource(n, random={}).load(s) for n, s in specs.items()}
+
+
+def _onnx_input_specs(model) -> list:
+    from types import SimpleNamespace
+
     from onnx import helper
 
     initializers = {t.name for t in model.graph.initializer}
-    specs = {}
+    specs = []
     for vi in model.graph.input:
         if vi.name in initializers:
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-        shape = tuple(config.model.shapes.get(vi.name, dims))
-        dtype = str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        specs[vi.name] = SimpleNamespace(name=vi.name, shape=shape, dtype=dtype)
-    return _inputs(config, SimpleNamespace(inputs=list(specs.values())), model)
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim)
+        specs.append(SimpleNamespace(name=vi.name, shape=dims,
+                                     dtype=str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))))
+    return specs
+
+
+def config_quantization(config: Config, progress: Progress | None = None) -> QuantizationOutcome:
+    """``tvm-probe run`` of a config with ``quantization:``: :func:`quantization_investigation` of
+    its float model and ``quantization.model``, on its inputs, writing to ``output.report`` (else
+    ``quantization/`` beside the config)."""
+    float_model = config.model.load()
+    out_dir = config.output.report or (config.source.parent if config.source else Path(".")) / "quantization"
+    return quantization_investigation(float_model, config.quantization.model, _graph_inputs(config, float_model),
+                                      out_dir, config.quantization.target_sqnr, config.pipeline, config.target,
+                                      progress)

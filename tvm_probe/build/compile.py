@@ -30,12 +30,12 @@ from ..core.device import device_for
 from ..core.errors import PipelineError, TVMCompileError, one_line, tvm_message
 from ..core.native_log import native_log_to_logging, release_native
 from ..core.records import CompileWarning
-from ..core.schema import DEFAULT_PIPELINE, PIPELINES
+from ..core.schema import DEFAULT_PIPELINE, PIPELINE_NAMES
 from .passes import PassLog
 
 log = logging.getLogger(__name__)
 
-PipelineLike = Union[str, Any]  # a name from PIPELINES or a tvm.transform.Pass
+PipelineLike = Union[str, Any]  # a name from PIPELINE_NAMES or a tvm.transform.Pass
 
 _CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
 
@@ -159,22 +159,29 @@ def _as_json(text: str) -> str:
 def resolve_pipeline(pipeline: PipelineLike, target) -> tuple[Any, str]:
     """The pass that ``pipeline`` names for ``target``, and a label for reports.
 
-    ``"default"`` is what ``tvm.compile`` uses (unfused on CPU, dlight + fusion on GPU);
-    ``"fused"`` is ``relax.get_default_pipeline(target)``; a ``tvm.transform.Pass`` is used as is.
+    A name of TVM's (``relax.pipeline.PIPELINE_MAP``: ``default``, ``default_build``, ``zero``,
+    ``static_shape_tuning``) means what ``tvm.compile(relax_pipeline=NAME)`` runs — ``"default"``
+    unfused on CPU, dlight + fusion on GPU; ``"fused"`` is ``relax.get_default_pipeline(target)``;
+    a ``tvm.transform.Pass`` is used as is.  A pipeline that needs arguments
+    (``static_shape_tuning``) is built by the user with ``relax.get_pipeline(NAME, ...)``.
     """
     import tvm
     from tvm import relax
 
     if isinstance(pipeline, tvm.transform.Pass):
         return pipeline, getattr(pipeline.info, "name", "custom") or "custom"
-    if pipeline == "default":
-        if "gpu" in target.keys:  # the same choice tvm.compile makes
-            return relax.get_default_pipeline(target), "default"
-        return relax.get_pipeline("default"), "default"
-    if pipeline == "fused":
-        return relax.get_default_pipeline(target), "fused"
+    if pipeline == "fused" or (pipeline == "default" and "gpu" in target.keys):  # default: as tvm.compile chooses
+        return relax.get_default_pipeline(target), pipeline
+    if isinstance(pipeline, str) and pipeline in relax.pipeline.PIPELINE_MAP:
+        try:
+            return relax.get_pipeline(pipeline), pipeline
+        except TypeError as err:  # e.g. static_shape_tuning's total_trials and target
+            needs = str(err).partition("missing ")[2] or str(err)
+            raise PipelineError(f"pipeline {pipeline!r} takes arguments (missing {needs}): build it with "
+                                f"relax.get_pipeline({pipeline!r}, ...) and pass that pass as pipeline= "
+                                "(tvm.compile cannot take the name alone either)") from None
     raise PipelineError(
-        f"unknown pipeline {pipeline!r}: use one of {', '.join(PIPELINES)} or a tvm.transform.Pass")
+        f"unknown pipeline {pipeline!r}: use one of {', '.join(PIPELINE_NAMES)} or a tvm.transform.Pass")
 
 
 def _instrument(snaps: Snapshots, passes: PassLog | None = None):
@@ -256,8 +263,9 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
     snaps.final = lowered
     if snaps.call_graph is None:
         raise PipelineError(
-            f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: give a complete Relax "
-            "VM pipeline such as relax.get_default_pipeline(target)")
+            f"pipeline {label!r} never ran ToNonDataflow or CallTIRRewrite: it does not lower the model for "
+            "the VM (tvm.compile fails on it too); give a complete Relax VM pipeline such as "
+            "relax.get_default_pipeline(target)")
     try:
         executable, build_log = _build(lowered, target, snaps, imported, settings, failures)
     except TVMCompileError as err:

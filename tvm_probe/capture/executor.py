@@ -70,7 +70,7 @@ import numpy as np
 # order loads both; it lets tvm_probe.capture be the first module a process imports)
 from ..build.compile import BuiltModel
 from ..core.device import device_type, on_host
-from ..core.errors import ProbeError, TVMBehaviourChanged, TVMRunError
+from ..core.errors import ProbeError, TVMBehaviourChanged, TVMRunError, internal_error, raised_by_tvm
 from ..diagnose.failures import log_details, run_failure
 from ..kernel_map import KernelMap
 from .fast_call import FastCall
@@ -191,6 +191,10 @@ class DebugExecutor:
 
     def _native_impossible(self) -> str | None:
         """Why this model cannot be captured by the native instrument (None: it can)."""
+        branches = self._km.branches
+        if branches is not None and (branches.occurrences or branches.open_symbols):
+            return ("the model calls kernels inside If branches or functions of its own: the native instrument "
+                    "knows call sites only")
         static = not any(isinstance(d, str) for s in self._km.sites for shape in s.out_shapes for d in shape)
         if static and self._km.helper_symbols and set(self._km.helper_symbols) <= set(self._km.fixed_helpers):
             return None  # helpers called a fixed number of times: the plan times them as sites of their own
@@ -455,8 +459,10 @@ class DebugExecutor:
         # TVM turns an exception raised in the hook (a full disk while streaming, Ctrl-C)
         # into a bare RuntimeError: re-raise the original.
         calls.reraise()
-        if isinstance(err, ProbeError):  # ours already (a remote download that failed): one line
+        if isinstance(err, (ProbeError, TVMBehaviourChanged)):  # ours already (a remote download that failed)
             raise err from None
+        if not raised_by_tvm(err):  # our own code failed (reading the result back...): not TVM's failure
+            raise internal_error(err, "while running the model or reading its result") from err
         site, certain = calls.running_site()
         error = run_failure(err, self._km, site, self.sources, finished=not certain)
         log_details(error)

@@ -70,7 +70,8 @@ class HookedVM:
         runtime = executable.jit()
         module = runtime["vm_load_executable"]()
         library = module.imports[0] if module.imports else None
-        builtins = _builtins(set(symbols) | self.hooked)
+        # packed functions (relax.run.nonzero) live in the registry too, as the builtins do
+        builtins = _builtins(set(symbols) | self.hooked) | {s.symbol for s in kernel_map.sites if s.packed}
         if builtins & self.hooked and switch is None:
             raise LookupError(f"VM builtins {sorted(builtins & self.hooked)[:3]} are hooked by native hooks only")
         compiled = {s: _compiled(library, s) for s in sorted((set(symbols) | self.hooked) - builtins)}
@@ -183,9 +184,11 @@ def symbols_to_hook(kernel_map, plan, native: bool = False, every: bool = False)
         return frozenset(s.symbol for s in kernel_map.sites) | frozenset(kernel_map.fixed_helpers)
     sites = [kernel_map.sites[i] for i in plan.outputs | plan.untracked_inputs]
     symbols = frozenset(s.symbol for s in sites)
+    if any(s.packed and s.num_outputs != 1 for s in sites):
+        return None  # (a packed function returning a tuple: the hooks hand over single results only)
     if native:
         return symbols
-    if any(s.is_view or s.symbol.startswith("vm.builtin.") for s in sites):
+    if any(s.returns_output or s.symbol.startswith("vm.builtin.") for s in sites):
         return None  # a view or a VM builtin (attention in a KV cache): not a kernel to wrap
     return symbols if len(symbols) <= MAX_HOOKED_SYMBOLS else None
 

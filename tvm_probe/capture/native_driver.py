@@ -103,7 +103,7 @@ class NativePlan:
                 slots = [native.Slot(-1, 0, d, tuple(shape)) for shape, d in zip(s.out_shapes, s.out_dtypes)]
             if s.index in plan.untracked_inputs:
                 self.untracked[s.index] = tuple(j for j, a in enumerate(s.args) if a.kind == ArgKind.UNTRACKED)
-            sites.append(native.NativeSite(s.symbol, s.is_view, s.num_inputs, action,
+            sites.append(native.NativeSite(s.symbol, s.returns_output, s.num_inputs, action,
                                            self.untracked.get(s.index, ()), tuple(slots)))
         # helpers lowering added, called a fixed number of times a run (kernel_map.fixed_helpers):
         # sites of the plan after the map's own, timed only, so that the instrument expects them

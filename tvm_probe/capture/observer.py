@@ -158,6 +158,16 @@ class NothingObserved(Observer):
 NOTHING_OBSERVED = NothingObserved()
 
 
+def site_outputs(site, args, ret_value) -> list:
+    """The outputs of ``site``'s call as the VM made it: what a view or a packed function
+    returned (a tuple of them for several outputs), else the destination arguments."""
+    if not site.returns_output:
+        return list(args[site.num_inputs: site.num_inputs + site.num_outputs])
+    if site.num_outputs == 1:
+        return [ret_value]
+    return list(ret_value) if site.num_outputs else []
+
+
 def behaviour_changed(unexpected: list[str], missing) -> TVMBehaviourChanged:
     """The error for a run whose kernel calls are not the kernel map's call sites."""
     return TVMBehaviourChanged(

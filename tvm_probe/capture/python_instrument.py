@@ -16,7 +16,7 @@ import time
 from ..kernel_map import ArgKind
 from .instrument import KernelCall
 from .kernel_hook import host_array, host_copy
-from .observer import ExecutorHandle, Observer, behaviour_changed
+from .observer import ExecutorHandle, Observer, behaviour_changed, site_outputs
 from .plan import CapturePlan
 from .result import PYTHON, Capture
 
@@ -156,7 +156,7 @@ class PythonCalls(Observer):
         self.capture.start_us[site.index] = (self.t_call - self.t_start) * 1e6
         self.called.add(site.index)
         if self.plan.wants_output(site.index) or self.instrument is not None:
-            outs = [ret_value] if site.is_view else args[site.num_inputs: site.num_inputs + site.num_outputs]
+            outs = site_outputs(site, args, ret_value)
             if self.plan.wants_output(site.index):
                 self.store(site.index, [host_array(o) for o in outs])
             if self.instrument is not None:
@@ -170,7 +170,7 @@ class PythonCalls(Observer):
         return KernelCall(site=site.index, symbol=site.symbol, occurrence=site.occurrence,
                           names=[[name(k) for k in keys] for keys in site.output_keys],
                           interior=[name(k) for k in site.interior_keys],
-                          inputs=list(args[: site.num_inputs]) if not site.is_view else list(args),
+                          inputs=list(args[: site.num_inputs]) if not site.returns_output else list(args),
                           outputs=list(outputs), time_us=time_us)
 
     def finish(self) -> None:

@@ -60,8 +60,17 @@ def _data_pointers(value) -> list[int] | None:
 
 
 def _flatten(value) -> list:
+    """The tensors of a VM function's result, in order: a shape or a scalar (``R.Shape``,
+    ``R.prim_value``) as an int64 (or float) array of its values; a tuple, its elements in
+    turn; ``None`` (an output the model leaves empty, torch's ``return x, None``) nothing."""
     if hasattr(value, "numpy"):
         return [value]
+    if value is None:
+        return []
+    if type(value).__name__ == "Shape":
+        return [np.array([int(d) for d in value], dtype="int64")]
+    if isinstance(value, (bool, int, float)):
+        return [np.array(value)]
     return [a for item in value for a in _flatten(item)]
 
 

@@ -82,6 +82,7 @@ class Comparison:
     dead: dict[str, str] = field(default_factory=dict)       # key → display name (dead code)
     names: dict[str, str] = field(default_factory=dict)      # key → display name, for messages
     tolerance_rule: str = ""
+    terms_note: str = ""   # where the reference and tolerance came from, when not the caller's own
     first_divergent: ValueComparison | None = None
     first_nonfinite: ValueComparison | None = None
 
@@ -137,6 +138,8 @@ class Comparison:
             parts.append(f"{len(self.dead)} dead-code value{'s' if len(self.dead) > 1 else ''} not computed")
         if self.tolerance_rule:
             parts.append(self.tolerance_rule)
+        if self.terms_note:
+            parts.append(self.terms_note)
         return ("" if self else "FAIL: ") + "; ".join(parts)
 
 

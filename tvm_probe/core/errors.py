@@ -10,6 +10,8 @@ Kept apart on purpose (the CLI's exit statuses follow them, see :class:`tvm_prob
 * :class:`TVMBehaviourChanged` is *our* problem: TVM did something this version of tvm_probe
   does not understand (usually after a TVM upgrade).  It is not a ProbeError, so it is never
   mistaken for a user mistake (exit status 3).
+* :class:`InternalError` is our problem too: tvm_probe's own code failed (a bug).  A TVMError
+  carries only what TVM raised (:func:`raised_by_tvm`), never one of these (exit status 3).
 """
 from __future__ import annotations
 
@@ -108,6 +110,23 @@ class CorruptDumpError(DumpError):
 
 class TVMBehaviourChanged(RuntimeError):
     """TVM behaved in a way this tvm_probe version does not understand (a bug, not a user error)."""
+
+
+class InternalError(RuntimeError):
+    """tvm_probe itself failed (a bug of ours, never reported as TVM's): not a ProbeError, so
+    the CLI exits with the internal-error status; the message asks for a report."""
+
+
+def raised_by_tvm(err: BaseException) -> bool:
+    """Whether ``err`` came from TVM (through its FFI, which marks every error it raises in
+    Python), rather than from Python code of tvm_probe's own."""
+    return hasattr(err, "__tvm_ffi_error__") or type(err).__module__.split(".")[0] in ("tvm", "tvm_ffi")
+
+
+def internal_error(err: BaseException, doing: str) -> InternalError:
+    """The error for a failure of tvm_probe's own code while ``doing`` something."""
+    return InternalError(f"tvm_probe failed {doing} ({type(err).__name__}: {one_line(err)}): this is a bug "
+                         "in tvm_probe, not in TVM or the model; please report it with the model")
 
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:

@@ -8,9 +8,13 @@ from __future__ import annotations
 import fnmatch
 from enum import Enum, IntEnum
 
-#: Pipelines known by name: "default" is what ``tvm.compile`` uses, "fused" is
-#: ``relax.get_default_pipeline(target)`` (see :func:`tvm_probe.build.resolve_pipeline`).
+#: The two pipelines a model is built under as users deploy it: "default", what ``tvm.compile``
+#: uses (unfused on CPU), and "fused", ``relax.get_default_pipeline(target)``.
 PIPELINES = ("default", "fused")
+#: Every pipeline ``pipeline=`` takes by name: TVM's own (``relax.pipeline.PIPELINE_MAP`` of TVM
+#: 0.27, what ``tvm.compile(relax_pipeline=NAME)`` takes) and "fused"
+#: (see :func:`tvm_probe.build.resolve_pipeline`).
+PIPELINE_NAMES = PIPELINES + ("default_build", "zero", "static_shape_tuning")
 DEFAULT_PIPELINE = "default"
 DEFAULT_TARGET = "llvm"
 

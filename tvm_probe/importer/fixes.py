@@ -516,7 +516,45 @@ INDEX_PUT_SHORT = ImportFix(
     "index_put with fewer index tensors than dimensions ([None, None, pos]) indexes every axis explicitly",
     "IndexPut requires the number of index tensors (3) to match the data tensor dimensions (4)")
 
+_MATMULS = ("mm.default", "matmul.default", "bmm.default", "addmm.default")
+
+
+def _matmul_in_half(importer, node) -> bool:
+    """A matrix product torch computes in float16/bfloat16: TVM's converters give it float32
+    (``out_dtype="float32"`` always), and the next op mixing it with a half tensor fails."""
+    return _fx_dtype(node) in ("float16", "bfloat16")
+
+
+def _matmul_stored_in_torch_dtype(importer, node):
+    """Accumulate in float32 as TVM's converter does (and torch on CPU), then store the result
+    in torch's dtype; ``addmm`` adds ``beta * input`` in that dtype."""
+    from tvm import relax
+
+    bb, dtype = importer.block_builder, _fx_dtype(node)
+    operands = node.args[1:3] if node.target.__name__.startswith("addmm") else node.args[:2]
+    product = bb.emit(relax.op.linear_algebra.matmul(importer.env[operands[0]], importer.env[operands[1]],
+                                                     out_dtype="float32"))
+    result = bb.emit(relax.op.astype(product, dtype))
+    if not node.target.__name__.startswith("addmm"):
+        return result
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    if alpha != 1:
+        result = bb.emit(relax.op.multiply(result, relax.const(alpha, dtype)))
+    if beta == 0:
+        return result
+    bias = importer.env[node.args[0]]
+    if beta != 1:
+        bias = bb.emit(relax.op.multiply(bias, relax.const(beta, dtype)))
+    return bb.emit(relax.op.add(bias, result))
+
+
+MATMUL_HALF = ImportFix(
+    "matmul_half_result", "torch",
+    "mm/bmm/matmul/addmm of float16 tensors accumulate in float32, then store float16 as torch gives it",
+    "TVM's converter makes every matrix product float32: Concat expects all input tensors to have the same dtype")
+
 TORCH_FIXES: tuple[TorchFix, ...] = (
+    TorchFix(MATMUL_HALF, _MATMULS, _matmul_in_half, _matmul_stored_in_torch_dtype),
     TorchFix(INDEX_PUT_SHORT, ("index_put.default", "index_put_.default"), _index_put_short, _index_put_full_grid),
     TorchFix(BOOL_CUMSUM, ("cumsum.default",), _bool_cumsum, _cumsum_in_result_dtype),
     TorchFix(CAT_EMPTY_1D, ("cat.default", "concat.default"), _cat_with_empty_1d, _cat_without_empty_1d),

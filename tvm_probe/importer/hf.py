@@ -33,12 +33,15 @@ torch and transformers are imported lazily.
 """
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..core.errors import InputError, ModelError, ProbeError
 from .adapter import ImportedFunctions, ModelAdapter, load_factory
+from .quantize import (QuantSpec, check_weights_found, quant_spec, quantize_function, quantize_weights,
+                       quantized_modules)
 from .relax import FunctionModel, function_view
 from .torch import import_torch
 from .torch_export import require_torch
@@ -172,9 +175,10 @@ def example_decode(shape: CacheShape, batch: int, past: int) -> tuple:
 
 
 def import_prefill(step, shape: CacheShape, prompt_len: int | None = None, batch: int = 1,
-                   import_fixes: bool = True):
+                   import_fixes: bool = True, keep_params_as_input: bool = False):
     """The prefill program, imported with an empty 4-D past: for prompts of ``prompt_len``
-    tokens, or (None) of any length (a symbolic dimension)."""
+    tokens, or (None) of any length (a symbolic dimension); ``keep_params_as_input``: as
+    :func:`~tvm_probe.importer.torch.import_torch` takes it."""
     torch = _torch()
     length = 4 if prompt_len is None else prompt_len
     args = (torch.zeros(batch, length, dtype=torch.long), positions(0, length, batch), *shape.empty(batch))
@@ -182,44 +186,80 @@ def import_prefill(step, shape: CacheShape, prompt_len: int | None = None, batch
     if prompt_len is None:
         prompt = torch.export.Dim.DYNAMIC
         dynamic = ({1: prompt}, {1: prompt}, tuple(None for _ in range(2 * shape.layers)))
-    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED)
+    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED,
+                        keep_params_as_input=keep_params_as_input)
 
 
-def import_decode(step, shape: CacheShape, max_len: int, batch: int = 1, import_fixes: bool = True):
+def import_decode(step, shape: CacheShape, max_len: int, batch: int = 1, import_fixes: bool = True,
+                  keep_params_as_input: bool = False):
     """The decode program, imported with a symbolic past length ``1 <= past < max_len``."""
     torch = _torch()
     past = torch.export.Dim.DYNAMIC  # named ranges trip the model's own guards; export infers them
     args = example_decode(shape, batch, past=2)
     dynamic = (None, None, tuple({2: past} for _ in range(2 * shape.layers)))  # *past is one tuple
-    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED)
+    return import_torch(step, args, import_fixes=import_fixes, dynamic_shapes=dynamic, names_root=WRAPPED,
+                        keep_params_as_input=keep_params_as_input)
 
 
 @dataclass
 class HFModel:
     """What a probe made by ``Probe.from_hf`` knows of its model (``probe.hf``); ``generations``:
-    each ``probe.generate``'s :class:`~tvm_probe.probe.generate.Generation`, in order."""
+    each ``probe.generate``'s :class:`~tvm_probe.probe.generate.Generation`, in order.
+
+    ``step`` wraps the user's model as given (the default eager reference); ``shape`` is the
+    cache layout of the build.  With ``quantize=``: ``quantize`` is the
+    :class:`~tvm_probe.importer.quantize.QuantSpec`, ``quantized`` the module paths quantized,
+    and ``reference_shape`` the cache layout of ``step`` where the build computes in another
+    dtype (q4f16_1)."""
 
     step: Any
     shape: CacheShape
     max_len: int
     generations: list = field(default_factory=list)
+    quantize: QuantSpec | None = None
+    quantized: tuple = ()
+    reference_shape: CacheShape | None = None
 
 
-def import_hf(model, max_len: int = 64, import_fixes: bool = True) -> ImportedFunctions:
-    """Prefill and decode of ``model`` imported, merged into one module of two functions (see module doc)."""
+def import_hf(model, max_len: int = 64, import_fixes: bool = True, quantize=None) -> ImportedFunctions:
+    """Prefill and decode of ``model`` imported, merged into one module of two functions (see
+    module doc); ``quantize``: weight-only quantization (:mod:`tvm_probe.importer.quantize`)."""
     if not isinstance(max_len, int) or max_len < 2:
         raise InputError(f"max_len={max_len!r}: give the longest prompt + generated length, an int >= 2")
+    spec = quant_spec(quantize)
     step = make_cache_step(model)
-    shape = cache_shape(step)
-    imports = {PREFILL: import_prefill(step, shape, None, import_fixes=import_fixes),
-               DECODE: import_decode(step, shape, max_len, import_fixes=import_fixes)}
+    if spec is not None:
+        quantized_modules(model, spec)  # a bad skip= or group size fails now, not after the export
+    built = step
+    if spec is not None and spec.scale_dtype == "float16":  # computes in fp16, as deployed: a copy
+        built = make_cache_step(copy.deepcopy(model).to(_torch().float16))
+    shape = cache_shape(built)
+    kept = spec is not None
+    imports = {PREFILL: import_prefill(built, shape, None, import_fixes=import_fixes, keep_params_as_input=kept),
+               DECODE: import_decode(built, shape, max_len, import_fixes=import_fixes, keep_params_as_input=kept)}
+    added = {name: [] for name in imports}
+    hf = HFModel(step=step, shape=shape, max_len=max_len)
+    if spec is not None:
+        weights = quantize_weights(getattr(built, WRAPPED), spec)
+        for name, imp in imports.items():
+            check_weights_found(weights, imp.sources.values)
+            rewritten = quantize_function(imp, weights, spec)
+            imp.mod, added[name] = rewritten.mod, rewritten.params
+        hf.quantize, hf.quantized = spec, tuple(w.path for w in weights.values())
+        hf.reference_shape = cache_shape(step) if built is not step else None
     merged = merge_functions(imports)
-    models = {name: FunctionModel(mod=function_view(merged, name), sources=imp.sources, var_keys=imp.var_keys,
-                                  constants=imp.constants, inputs=imp.inputs, hash_model=imp.hash_model,
-                                  fixes=imp.fixes, unfixed=imp.unfixed, function=name,
-                                  params=[(s.name, s) for s in imp.inputs])
-              for name, imp in imports.items()}
-    return ImportedFunctions(mod=merged, models=models, hf=HFModel(step=step, shape=shape, max_len=max_len))
+    models = {name: _function_model(merged, name, imp, added[name]) for name, imp in imports.items()}
+    return ImportedFunctions(mod=merged, models=models, hf=hf)
+
+
+def _function_model(merged, name: str, imp, added: list) -> FunctionModel:
+    """One function of the merged module; ``added``: ``(name, InputSpec, array)`` of the weights
+    the probe holds (the quantized ones), after the caller's inputs."""
+    inputs = list(imp.inputs) + [spec for _, spec, _ in added]
+    held = {len(imp.inputs) + j: array for j, (_, _, array) in enumerate(added)}
+    return FunctionModel(mod=function_view(merged, name), sources=imp.sources, var_keys=imp.var_keys,
+                         constants=imp.constants, inputs=inputs, hash_model=imp.hash_model, fixes=imp.fixes,
+                         unfixed=imp.unfixed, function=name, params=[(s.name, s) for s in inputs], held=held)
 
 
 def merge_functions(imports: dict):
@@ -257,5 +297,6 @@ class HFAdapter(ModelAdapter):
         transformers = sys.modules.get("transformers")
         return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
-    def import_functions(self, model, max_len: int = 64, import_fixes: bool = True) -> ImportedFunctions:
-        return import_hf(model, max_len, import_fixes)
+    def import_functions(self, model, max_len: int = 64, import_fixes: bool = True,
+                         quantize=None) -> ImportedFunctions:
+        return import_hf(model, max_len, import_fixes, quantize)

@@ -58,6 +58,9 @@ class ImportedModel:
             converter wrote its result into the value's place (``y.copy_(w)`` for ``y``), so
             TVM's module reads the written value wherever ``y`` is used afterwards.  The kernel
             map gives it as the reason when the value is lost.
+        shape_values: source key → the shape or scalar expression TVM's import computed it as
+            (``R.shape([n, 3])``, ``n + 1``), bound to no Var: the kernel map serves it from the
+            run's input sizes when only they enter it (else it stays unknown, with its note).
     """
 
     mod: Any
@@ -69,6 +72,7 @@ class ImportedModel:
     fixes: list[AppliedFix] = field(default_factory=list)
     unfixed: list[AppliedFix] = field(default_factory=list)
     overwritten: dict[str, str] = field(default_factory=dict)
+    shape_values: dict = field(default_factory=dict)
 
     @property
     def model_hash(self) -> str:

@@ -436,6 +436,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
 
     bound_to = binding_of_value(mod)
     modules = _scope_modules(graph)
+    shape_values: dict = {}
     for topo, node in enumerate(graph.node):
         outs = [o for o in node.output]
         for k, out in enumerate(outs):
@@ -451,6 +452,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 const = const_value(expr)
                 if const is None:
                     sources.notes[out] = _scalar_rank_note(expr, rank)
+                    _add_shape_value(sources, shape_values, value, expr, (1,) * rank)
                     continue
                 expr = relax.const(const.reshape((1,) * rank))
             if isinstance(expr, relax.Var):
@@ -465,6 +467,8 @@ def _collect(proto, mod, importer) -> ImportedModel:
                     note = _symbolic_shape_note(expr)
                     if note:
                         sources.notes[out] = note
+                        _add_shape_value(sources, shape_values, value, expr,
+                                         (len(expr.values),) if isinstance(expr, relax.ShapeExpr) else ())
                     continue
                 value.kind = Kind.CONSTANT
                 value.shape, value.dtype = const.shape, str(const.dtype)
@@ -478,7 +482,17 @@ def _collect(proto, mod, importer) -> ImportedModel:
     inputs.sort(key=lambda s: order.get(record.get(s.name), 0))
     return ImportedModel(mod=mod, sources=sources, var_keys=var_keys, constants=constants,
                          inputs=inputs, hash_model=lambda: model_hash(proto),
-                         fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied())
+                         fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied(),
+                         shape_values=shape_values)
+
+
+def _add_shape_value(sources, shape_values: dict, value, expr, shape: tuple) -> None:
+    """A source value TVM computed at import as a shape expression of symbolic dims: a value
+    like any other (the kernel map serves it from the run's input sizes when it can; the note
+    says why not otherwise)."""
+    value.kind, value.shape, value.dtype = Kind.VALUE, shape, "int64"
+    sources.add(value)
+    shape_values[value.key] = expr
 
 
 def _dim_text(dim) -> str:

@@ -323,11 +323,30 @@ def hold_on_device(models: Mapping[str, FunctionModel], device) -> None:
             return [on_device(v) for v in value]
         if id(value) not in copies:
             copies[id(value)] = value if not isinstance(value, np.ndarray) and hasattr(value, "numpy") \
-                else tvm.runtime.tensor(np.ascontiguousarray(value), device)
+                else tvm.runtime.tensor(np.asarray(value, order="C"), device)  # (0-d stays 0-d)
         return copies[id(value)]
 
     for model in models.values():
         model.held = {i: on_device(v) for i, v in model.held.items()}
+
+
+def replace_held(model: FunctionModel, values: Mapping[str, Any]) -> dict[int, Any]:
+    """``{position: value}`` for the held weights of ``model`` that ``values`` names (by
+    parameter name), set in ``model.held`` and in what it serves (``constants``); a value
+    whose shape or dtype differs from its parameter's is refused in one line.  ``values``:
+    ``{name: (device tensor, the same as a numpy array)}``."""
+    found = {}
+    for i, (name, spec) in enumerate(model.params):
+        if name not in values or i not in model.held:
+            continue
+        value, host = values[name]
+        if tuple(host.shape) != tuple(spec.shape) or str(host.dtype) != spec.dtype:
+            raise ModelError(f"set_params: {name} takes {spec.dtype}{list(spec.shape)}, got "
+                             f"{host.dtype}{list(host.shape)}")
+        model.held[i] = found[i] = value
+        for key in model.var_keys.get(model.mod["main"].params[i], ()):
+            model.constants[key] = host
+    return found
 
 
 def place_arguments(model: FunctionModel, kmap, servings) -> None:

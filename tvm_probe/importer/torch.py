@@ -40,7 +40,7 @@ from .torch_export import _FIRST_OUTPUTS, export_program, stack_origin
 
 
 def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None,
-                 names_root: str = "") -> ImportedModel:
+                 names_root: str = "", keep_params_as_input: bool = False) -> ImportedModel:
     """Export ``module`` with ``torch.export`` and import it with every fx node's value tagged.
 
     Keys: fx node names for computed values and user inputs (``input_ids``, ``bmm_3``),
@@ -60,6 +60,10 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
             parameter and buffer names (and their placeholders' fx names) are that submodule's
             own, by :func:`~tvm_probe.importer.module_paths.relative_to`; its own path names
             nothing.  Default '': ``module``'s names.
+        keep_params_as_input: leave the module's parameters as parameters of ``main`` (after
+            the user's inputs, ``attrs["num_input"]`` of them), each tagged with its name in
+            ``var_keys``, instead of binding them as constants (what
+            :mod:`tvm_probe.importer.quantize` rewrites).  Default False.
 
     Raises:
         ModelError: torch is missing, ``torch.export`` cannot trace the module, or TVM's
@@ -74,7 +78,7 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
         warnings.simplefilter("ignore")
         try:
             mod = importer.from_exported_program(  # the defaults of from_exported_program
-                program, keep_params_as_input=False, unwrap_unit_return_tuple=False,
+                program, keep_params_as_input=keep_params_as_input, unwrap_unit_return_tuple=False,
                 no_bind_return_tuple=False, custom_convert_map=None)
         except ProbeError:
             raise
@@ -307,6 +311,10 @@ def _collect(program, mod, values: OwnValues, module=None, root: str = "") -> Im
             found = _add_computed(value, expr, weight_of_var, out)
         if found:
             out.sources.add(value)
+    kept = set(mod["main"].params)  # weights kept as parameters (keep_params_as_input) answer by Var too
+    for var, key in weight_of_var.items():
+        if var in kept:
+            out.tag(var, key)
     _add_module_paths(program, keys, out.sources, module, root)
     follow_aliases(mod, out.var_keys)
     _follow_tuple_fields(mod, out.var_keys)

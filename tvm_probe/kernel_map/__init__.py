@@ -14,5 +14,6 @@ from .sites import (  # noqa: F401
     call_sites,
     fixed_helper_calls,
     helper_symbols,
+    subroutines,
 )
 from .types import VIEW_SYMBOL, ArgKind, ArgSource, CallSite, GroupPlan, KernelMap, Place, PlaceKind  # noqa: F401

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..core.sources import Kind, Served, Serving, Servings
 from .relax_analysis import depends_on_params
+from .shape_values import same_sizes, shape_formulas
 from .sites import (
     _bindings,
     _conditional_numbers,
@@ -40,6 +41,7 @@ from .sites import (
     call_sites,
     fixed_helper_calls,
     helper_symbols,
+    subroutines,
 )
 from .types import _KERNEL_OPS, GroupPlan, KernelMap, Place, PlaceKind
 from .valuenum import FunctionValues, ValueNumbering, shape_dims
@@ -49,7 +51,8 @@ from .valuenum import FunctionValues, ValueNumbering, shape_dims
 def build_kernel_map(imported, snapshots) -> KernelMap:
     """Map each kernel call of the compiled ``main`` to source values (see module docstring)."""
     main = snapshots.call_graph["main"]
-    calls = call_sites(main)
+    functions = subroutines(snapshots.call_graph)
+    calls = call_sites(main, functions)
     sites, site_vars = calls.sites, calls.site_vars
     vn = ValueNumbering()
     fused = snapshots.post_fusion is not None
@@ -58,15 +61,20 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     by_number = _runtime_places(vn, runtime, sites, site_vars, numbers, len(main.params))
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
-    follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)])
-    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main))
+    follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)],
+                         set(_input_dims(imported.mod["main"])))
+    kmap = KernelMap(sites=sites, helper_symbols=helper_symbols(snapshots), branches=branch_calls(main, functions))
     kmap.fixed_helpers = fixed_helper_calls(snapshots, kmap.helper_symbols)
-    conditional = _conditional_numbers(main, runtime)
+    conditional = _conditional_numbers(main, runtime, functions)
     dims = _input_dims(imported.mod["main"])
     overwritten = imported.overwritten
+    shape_values = _shape_values(imported.mod["main"], dims)
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
+            continue
+        if var in shape_values:  # a shape or scalar value (ONNX Shape): built from input sizes
+            kmap.places[key] = shape_values[var]
             continue
         trace = follower.follow(var)
         place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
@@ -79,6 +87,12 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
                 kmap.lost[key] = f"{overwritten[key]}: {why}"
                 kmap.known_limits.add(key)
+            elif _is_tuple(var):
+                kmap.lost[key] = ("it is a sequence (a tuple of tensors): tvm_probe serves the tensors in it "
+                                  "(the values of the ops that take them out), not the sequence as one value")
+                kmap.known_limits.add(key)
+    for key, expr in getattr(imported, "shape_values", {}).items():
+        _place_shape_value(kmap, key, expr, dims, imported.sources)
     _name_sites(kmap, imported.sources)
     _plan_groups(kmap, runtime, snapshots.post_fusion, site_vars)
     return kmap
@@ -121,6 +135,31 @@ def _locate(trace, by_number, terms, untrusted, pre_fold) -> tuple[Place | None,
     return None, f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
 
 
+def _shape_values(main, dims: dict) -> dict:
+    """Var → DIMS place, for each binding of ``main`` to a shape or scalar value that the input
+    sizes (``dims``: :func:`_input_dims`) give."""
+    input_dims = {var: (place.input_index, place.output) for var, place in dims.items()}
+    found = {}
+    for b in _bindings(main):
+        formulas = shape_formulas(b.value, input_dims)
+        if formulas is not None:
+            found[b.var] = Place(PlaceKind.DIMS, inner=formulas[0], output=int(formulas[1]))
+    return found
+
+
+def _place_shape_value(kmap: KernelMap, key: str, expr, dims: dict, sources) -> None:
+    """A shape value the import left as an expression (no Var): placed when input sizes give it,
+    else lost with the importer's note."""
+    input_dims = {var: (place.input_index, place.output) for var, place in dims.items()}
+    formulas = shape_formulas(expr, input_dims)
+    if formulas is not None:
+        kmap.places[key] = Place(PlaceKind.DIMS, inner=formulas[0], output=int(formulas[1]))
+    else:
+        kmap.lost[key] = (sources.notes.get(key)
+                          or "TVM computes it as a shape expression that is not made of input sizes")
+        kmap.known_limits.add(key)
+
+
 def _input_dims(main) -> dict:
     """Symbolic dimension (a TIR Var) → the SHAPE place of the first input axis it sizes."""
     import tvm
@@ -159,10 +198,13 @@ class _Follower:
     stage computes it; else a Var with the same number that the pass kept; else it is lost.
     """
 
-    def __init__(self, stages: list[tuple[str, FunctionValues]]):
+    def __init__(self, stages: list[tuple[str, FunctionValues]], input_symbols=frozenset()):
         self.stages = stages
+        self.input_symbols = input_symbols  # the symbolic dims the model inputs define
         self.present = []   # per stage: every number it computes
         self.holders = []   # per stage: number → Vars bound to it
+        self.names = []     # per stage: Var name → how many Vars have it
+        self.named = []     # per stage: Var name → a Var of that name
         for _, values in stages:
             present = set(values.of_var.values())
             for call in values.inlined.values():
@@ -172,6 +214,22 @@ class _Follower:
                 holders.setdefault(number, []).append(var)
             self.present.append(present)
             self.holders.append(holders)
+            names: dict[str, int] = {}
+            for var in values.of_var:
+                names[var.name] = names.get(var.name, 0) + 1
+            self.names.append(names)
+            self.named.append({var.name: var for var in values.of_var})
+
+    def _rebound(self, var, stage: int):
+        """The Var of ``stage`` that re-binds ``var`` after a pass gave it a new type: the only
+        Var of that name there, of the same kind, dtype and sizes (written differently, e.g.
+        ``(n + 2) // 3`` and ``(n + 3 - 1) // 3``: TVM's normalizer re-creates a binding's Var,
+        keeping its name, when the pass derived a type that is not structurally equal).  With
+        static shapes passes keep the Var itself; this is for symbolic ones."""
+        if self.names[stage - 1].get(var.name) != 1 or self.names[stage].get(var.name) != 1:
+            return None
+        other = self.named[stage][var.name]
+        return other if _same_type(var.ty, other.ty, self.input_symbols) else None
 
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
@@ -188,11 +246,36 @@ class _Follower:
                 continue
             holders = self.holders[i].get(number, ())
             kept = next((w for w in holders if w in there.of_var), None)
+            if kept is None and var is not None:
+                kept = self._rebound(var, i + 1)
             if kept is None:
                 return _Trace(lost_after=self.stages[i][0], lost_before=self.stages[i + 1][0],
                               var=var if var is not None else next(iter(holders), None))
             var, number = kept, there.of_var[kept]
         return _Trace(number=number)
+
+
+def _same_type(a, b, input_symbols) -> bool:
+    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`);
+    a size of ``b`` known only at run time (a symbol the model inputs do not define: what a
+    data-dependent op such as NonMaxSuppression produced, matched after it) equals any size."""
+    fields_a, fields_b = getattr(a, "fields", None), getattr(b, "fields", None)
+    if fields_a is not None or fields_b is not None:
+        return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
+                and all(_same_type(x, y, input_symbols) for x, y in zip(fields_a, fields_b)))
+    dims_a, dims_b = shape_dims(a), shape_dims(b)
+    if type(a) is not type(b) or str(getattr(a, "dtype", "")) != str(getattr(b, "dtype", "")) \
+            or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
+        return False
+    fixed = [(x, y) for x, y in zip(dims_a, dims_b) if not _runtime_size(y, input_symbols)]
+    return same_sizes([x for x, _ in fixed], [y for _, y in fixed])
+
+
+def _runtime_size(dim, input_symbols) -> bool:
+    """A dimension that is a symbol no model input defines: its size is known only at run time."""
+    import tvm
+
+    return isinstance(dim, tvm.ir.expr.Var) and dim not in input_symbols
 
 
 def _folded_place(var, pre_fold) -> Place | None:
@@ -210,11 +293,18 @@ def _dead_vars(main) -> set:
     live = set(relax.analysis.free_vars(main.body.body))
     dead = set()
     for b in reversed(list(_bindings(main))):
-        if b.var in live:
+        if b.var in live or _is_impure(b.value):  # (an assert runs whether or not its result is used)
             live.update(relax.analysis.free_vars(b.value))
         else:
             dead.add(b.var)
     return dead
+
+
+def _is_impure(value) -> bool:
+    """Whether ``value`` is a call the VM makes for its effect (``R.call_packed``: an assert)."""
+    from tvm import relax
+
+    return isinstance(value, relax.Call) and isinstance(value.op, relax.ExternFunc)
 
 
 def _runtime_places(vn, runtime, sites, site_vars, numbers, num_params) -> dict[int, Place]:
@@ -371,7 +461,7 @@ def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_in
         return Serving(Served.UNKNOWN if value.key in live else Served.UNAVAILABLE)
     if place.kind is PlaceKind.INPUT:
         return Serving(Served.INPUT, place.input_index)
-    if place.kind is PlaceKind.SHAPE:
+    if place.kind in (PlaceKind.SHAPE, PlaceKind.DIMS):
         return Serving(Served.SHAPE, place.input_index)
     if place.kind is PlaceKind.OUTPUT:
         return Serving(Served.VIEW if kmap.sites[place.site].is_view else Served.CAPTURED, num_inputs + place.site)

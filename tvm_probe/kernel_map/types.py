@@ -6,10 +6,10 @@ from enum import Enum
 from typing import Any
 
 VIEW_SYMBOL = "vm.builtin.reshape"
-
-
-VIEW_SYMBOL = "vm.builtin.reshape"
 _KERNEL_OPS = {"relax.call_tir", "relax.call_dps_packed"}
+#: Calls of a packed function that returns its result (``R.call_pure_packed("relax.run.nonzero",
+#: x)``): data-dependent ops (NonZero, Unique, masked_select...) lower to them.
+PACKED_OPS = {"relax.call_pure_packed", "relax.call_packed"}
 
 
 class ArgKind(str, Enum):
@@ -41,6 +41,8 @@ class PlaceKind(str, Enum):
     CONSTANT = "constant"  # a constant of the compiled module (folded by the pipeline)
     FOLDED = "folded"      # folded away by FoldConstant; re-evaluated from the module before it
     SHAPE = "shape"        # a symbolic dimension: a size of a model input (``output`` is the axis)
+    DIMS = "dims"          # a shape or scalar value built from input sizes (``inner``: formulas,
+                           # see kernel_map.shape_values; ``output`` 1 for a scalar)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,15 @@ class CallSite:
     interior_keys: list[str] = field(default_factory=list)
     group: GroupPlan | None = None
     call_args: list = field(default_factory=list, repr=False)  # the Relax arguments of the call
+    #: a packed function that returns its result (``relax.run.nonzero``): no destination
+    #: arguments; its outputs are what the call returned, whatever their run-time size
+    packed: bool = False
+
+    @property
+    def returns_output(self) -> bool:
+        """Whether the call returns its outputs (a view, a packed function) instead of writing
+        them into destination arguments (a kernel)."""
+        return self.is_view or self.packed
 
     @property
     def num_inputs(self) -> int:

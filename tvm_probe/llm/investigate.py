@@ -11,7 +11,7 @@ from ..core.schema import Exit
 from ..probe import Probe
 from ..probe.generate import Generation
 from .compare import GenerationComparison, compare_generation
-from .render import layer_svg, layer_table
+from .render import layer_passed, layer_svg, layer_table
 
 
 @dataclass
@@ -60,7 +60,7 @@ def investigate_generation(config, progress) -> GenerationOutcome:
         comparison.table().to_csv(folder / "steps.csv", index=False)
         table = layer_table(comparison)
         table.to_csv(folder / "step_layer_errors.csv")
-        (folder / "step_layer_errors.svg").write_text(layer_svg(table), encoding="utf-8")
+        (folder / "step_layer_errors.svg").write_text(layer_svg(table, layer_passed(comparison)), encoding="utf-8")
         outcome.report = {"steps": folder / "steps.csv", "table": folder / "step_layer_errors.csv",
                           "plot": folder / "step_layer_errors.svg"}
     return outcome

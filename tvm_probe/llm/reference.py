@@ -27,7 +27,7 @@ def reference_generate(model_or_probe, input_ids, steps: int) -> ReferenceGenera
     torch = require_torch()
     hf = getattr(model_or_probe, "hf", None)
     step = hf.step if hf is not None else make_cache_step(model_or_probe)
-    shape = hf.shape if hf is not None else cache_shape(step)
+    shape = (hf.reference_shape or hf.shape) if hf is not None else cache_shape(step)
     ids = torch.from_numpy(prompt_ids(input_ids))
     past, feed, position = shape.empty(1), ids, positions(0, ids.shape[1], 1)
     tokens, values = [], []

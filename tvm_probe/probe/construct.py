@@ -39,7 +39,9 @@ class Constructors:
             target: a TVM target: a kind (``"llvm"``, ``"cuda"``), a dict or JSON string with
                 options (``{"kind": "cuda", "arch": "sm_90"}``), or a ``tvm.target.Target``.
             pipeline: ``"default"`` (what ``tvm.compile`` uses; unfused on CPU), ``"fused"``
-                (``relax.get_default_pipeline(target)``) or any ``tvm.transform.Pass``.
+                (``relax.get_default_pipeline(target)``), another name of TVM's
+                (``relax.pipeline.PIPELINE_MAP``: ``default_build``, ``zero``...) or any
+                ``tvm.transform.Pass``.
             shapes: static shapes for inputs declared with symbolic dimensions (the shape
                 arithmetic they fix is folded before TVM sees the model; see importer/static.py).
             import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
@@ -128,7 +130,7 @@ class Constructors:
 
     @classmethod
     def from_hf(cls: type[P], model, pipeline: PipelineLike = DEFAULT_PIPELINE, target=DEFAULT_TARGET,
-                max_len: int = 64, import_fixes: bool = True) -> P:
+                max_len: int = 64, import_fixes: bool = True, quantize=None) -> P:
         """A transformers ``*ForCausalLM`` with an explicit KV cache: functions ``prefill`` and
         ``decode`` of one executable (symbolic prompt and past lengths); :meth:`generate` drives
         them.  Values answer to the model's own names, as its ``named_modules()`` and
@@ -139,8 +141,15 @@ class Constructors:
             model: the causal LM (its weights as they are; put in eval mode).
             pipeline, target, import_fixes: as for :meth:`from_torch`.
             max_len: the longest prompt + generated length :meth:`generate` accepts.
+            quantize: weight-only quantization as MLC-LLM deploys it: ``"q4f32_1"``,
+                ``"q4f16_1"`` or a :class:`~tvm_probe.importer.quantize.QuantSpec`; every
+                ``nn.Linear`` and the token embedding then take parameters ``<path>.q_weight``
+                (packed uint32) and ``<path>.q_scale``, which the probe holds and the compiled
+                kernels unpack and scale; ``<path>.weight`` names the dequantized weight.  See
+                :mod:`tvm_probe.importer.quantize`.  Defaults to None (the weights as they are).
         """
-        return cls.from_model(model, "hf", target, pipeline, max_len=max_len, import_fixes=import_fixes)
+        return cls.from_model(model, "hf", target, pipeline, max_len=max_len, import_fixes=import_fixes,
+                              quantize=quantize)
 
     @classmethod
     def from_model(cls: type[P], model, kind: str | None = None, target=DEFAULT_TARGET,

@@ -38,6 +38,13 @@ def prompt_ids(input_ids) -> np.ndarray:
     return ids.astype(np.int64)
 
 
+def empty_past(hf) -> list[np.ndarray]:
+    """The zero-length KV cache a prefill takes, in the dtype the build computes in (float32;
+    float16 for a ``q4f16_1`` build)."""
+    dtype = str(hf.shape.dtype).replace("torch.", "")
+    return [np.zeros((1, hf.shape.kv_heads, 0, hf.shape.head_dim), dtype) for _ in range(2 * hf.shape.layers)]
+
+
 def generate(probe, input_ids, steps: int, capture="all") -> list[int]:
     """``steps`` new tokens, greedy, from the compiled executable (``max_new_tokens=steps``).
 
@@ -55,7 +62,7 @@ def generate(probe, input_ids, steps: int, capture="all") -> list[int]:
     if ids.shape[1] + steps > hf.max_len:
         raise InputError(f"a prompt of {ids.shape[1]} tokens + {steps} steps is longer than max_len={hf.max_len}: "
                          "make a probe with a larger max_len")
-    past = [np.zeros((1, hf.shape.kv_heads, 0, hf.shape.head_dim), np.float32) for _ in range(2 * hf.shape.layers)]
+    past = empty_past(hf)
     feed, position = ids, np.arange(ids.shape[1], dtype=np.int64)[None, :]
     tokens, calls = [], []
     for i in range(steps):

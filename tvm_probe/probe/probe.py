@@ -21,7 +21,7 @@ from ..core.inputs import InputChecker
 from ..core.results import NodeInfo, Results
 from ..core.viewable import Viewable
 from ..importer import ImportedModel, InputSpec
-from ..importer.relax import FunctionModel, place_arguments
+from ..importer.relax import FunctionModel, place_arguments, replace_held
 from ..kernel_map import KernelMap, PlaceKind, classify
 from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
 from .calls import CallArguments, CallLog, CallRecord, compare_call
@@ -166,6 +166,29 @@ class Probe(Constructors, Results, Viewable):
         if layouts:  # what the KV caches hold after this call (it changes with the next)
             record.kv.update(KVCaches.read(arrays, layouts))
         return result.returned
+
+    def set_params(self, values: Mapping[str, np.ndarray]) -> None:
+        """Replace weights the probe holds, by parameter name, in every function that takes them
+        (``params=`` of :meth:`from_relax` / :meth:`from_nn`; ``<path>.q_weight`` and friends of
+        :meth:`from_hf` with ``quantize=``): the executable is not rebuilt.  The captures of
+        earlier calls are forgotten (they ran with the weights replaced).  A name no function
+        holds, or a shape or dtype other than the parameter's, is refused in one line."""
+        import tvm
+
+        held = {name for p in self._functions.values() for i, (name, _) in enumerate(p.imported.params)
+                if i in getattr(p.imported, "held", {})}
+        unknown = sorted(set(values) - held)
+        if unknown:
+            raise ProbeError(f"set_params: the probe holds no weight {', '.join(unknown[:4])}; it holds "
+                             f"{', '.join(sorted(held)[:6])}{'...' if len(held) > 6 else ''}")
+        device = self.built.device
+        host = {name: np.asarray(v, order="C") for name, v in values.items()}
+        tensors = {name: (tvm.runtime.tensor(a, device), a) for name, a in host.items()}
+        for probe in self._functions.values():
+            for i, tensor in replace_held(probe.imported, tensors).items():
+                if probe._arguments is not None:  # the arguments template of call()'s fast path
+                    probe._arguments.template[i] = tensor
+        self.forget_calls()
 
     def _record_call(self, function: str, result: Capture, wanted) -> CallRecord:
         """The next call's record, kept; ``get`` without ``call=`` serves it from now on."""

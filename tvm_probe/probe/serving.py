@@ -16,6 +16,7 @@ from ..core.results import not_computed
 from ..core.schema import DEFAULT_TARGET
 from ..core.sources import Served
 from ..kernel_map import ArgKind, PlaceKind
+from ..kernel_map.shape_values import evaluate
 from .calls import as_numpy
 
 
@@ -36,6 +37,11 @@ class ValueServer:
             if item is not None:  # an element of a tuple argument (packed weights)
                 return as_numpy(capture.inputs[item.param][item.element])
             return as_numpy(capture.inputs[serving.node_index])
+        if served is Served.SHAPE and place.kind is PlaceKind.DIMS:  # a shape built from input sizes
+            shapes = [getattr(a, "shape", ()) for a in capture.inputs]
+            dims = np.array([evaluate(d, shapes) for d in place.inner], dtype=value.dtype or "int64")
+            return dims.reshape(value.shape if value.shape is not None and int(np.prod(value.shape)) == dims.size
+                                else () if place.output else dims.shape)
         if served is Served.SHAPE:  # the ONNX value is an int64 scalar or [1] tensor of that size
             size = capture.inputs[place.input_index].shape[place.output]
             return np.asarray(size, dtype=value.dtype or "int64").reshape(value.shape or ())

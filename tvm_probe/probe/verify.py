@@ -23,7 +23,7 @@ from ..comparison.verdict import compare_arrays
 from ..core.sources import Kind, Served
 from ..core.schema import DEFAULT_TARGET
 from ..diagnose import compile_with_snapshots
-from ..kernel_map import KernelMap, branch_calls, call_sites, helper_symbols
+from ..kernel_map import KernelMap, branch_calls, call_sites, helper_symbols, subroutines
 
 log = logging.getLogger(__name__)
 _NOT_COMPUTED = ", not computed by TVM"
@@ -112,9 +112,11 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
 
     built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
     main = built.snapshots.call_graph["main"]
-    calls = call_sites(main)
+    functions = subroutines(built.snapshots.call_graph)
+    calls = call_sites(main, functions)
     params = {p: i for i, p in enumerate(main.params)}
-    kmap = KernelMap(sites=calls.sites, helper_symbols=helper_symbols(built.snapshots), branches=branch_calls(main))
+    kmap = KernelMap(sites=calls.sites, helper_symbols=helper_symbols(built.snapshots),
+                     branches=branch_calls(main, functions))
     capture = DebugExecutor(built, kmap).run(arrays, CapturePlan())
     values = {}
     for var, keys in imported.var_keys.items():

@@ -35,10 +35,14 @@ its wheel: the view works offline.
 """
 from __future__ import annotations
 
+import contextlib
+import html
+import io
 import json
 import math
 import re
 import shutil
+import signal
 import socket
 import tempfile
 import webbrowser
@@ -54,7 +58,8 @@ from ..importer.kinds import SourceGraph, adapter_of
 from ..importer.torch import node_keys
 from ..importer.torch_export import export_program
 from ..store.atomic import replace_folder
-from .report import FILL
+from .graph import FILL
+from .plots import atol_of
 
 INSTALL = 'pip install "tvm_probe[view]"'
 KERNEL_GRAPH = "kernels.json"
@@ -148,7 +153,7 @@ def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
                            else Status.DIVERGED).value
             fact.max_abs = cmp.max_abs if math.isfinite(cmp.max_abs) else None
             fact.cosine = cmp.cosine if math.isfinite(cmp.cosine) else None
-            fact.atol = _atol(cmp.tolerance)
+            fact.atol = atol_of(cmp.tolerance)
             fact.note = "" if cmp.passed else cmp.describe()
         elif comparison is not None and value.key in comparison.unchecked:
             fact.status, fact.note = Status.UNCHECKED.value, comparison.unchecked[value.key]
@@ -156,14 +161,6 @@ def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
             fact.status = Status.DEAD.value
         facts[value.key] = fact
     return facts
-
-
-def _atol(tolerance: str) -> float | None:
-    """``atol`` out of a tolerance as :class:`~tvm_probe.core.tolerance.Tolerance` prints it."""
-    if tolerance == "exact":
-        return 0.0
-    m = re.match(r"atol ([^,]+),", tolerance or "")
-    return float(m.group(1)) if m else None
 
 
 def _scale_atol(facts) -> float:
@@ -521,7 +518,12 @@ def _in_use(host: str, port: int) -> bool:
 
 def view(results, comparison=None, model=None, host: str = "localhost", port: int | None = None,
          open_browser: bool = True, workdir=None, on_ready=None) -> None:
-    """Serve the view on ``http://host:port`` until interrupted (Ctrl-C); see the module docstring.
+    """Serve the view on ``http://host:port`` until stopped (Ctrl-C, SIGTERM); see the module docstring.
+
+    Prints one line: the page to open (a small file that forwards to Model Explorer's address,
+    which holds every file path and is thousands of characters long).  Model Explorer's own
+    banner is not shown.  The temporary folder (``tvm_probe_view_*``) is removed on every exit:
+    normal, error, Ctrl-C, SIGTERM or SIGHUP.
 
     Args:
         results: a :class:`~tvm_probe.Probe` after a run, or a dump (:func:`~tvm_probe.load_dump`).
@@ -531,8 +533,8 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
         model: the source model (path or ``onnx.ModelProto``) when the run does not record it.
         port: defaults to the first free port from 8080 on; a port in use is an error.
         open_browser: open the page in the default browser.
-        workdir: where the exported files go (default: a temporary folder).
-        on_ready: called with the page's address once it is known (before serving).
+        workdir: where the exported files go (default: a temporary folder, removed at exit).
+        on_ready: called with the page's full address once it is known (before serving).
     """
     me = model_explorer()
     if port is None:
@@ -541,16 +543,105 @@ def view(results, comparison=None, model=None, host: str = "localhost", port: in
         raise ProbeError(f"port {port} is in use: choose another with --port")
     if comparison is None and results.is_dump:  # compared with its model's reference
         comparison = reference_comparison(results, model if isinstance(model, (str, Path)) else None)
-    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tvm_probe_view_")) / "view"
-    files = export(results, folder, comparison, model, overwrite=True)
-    url = page_url(files, host, port)
-    print(f"tvm-probe view: {url}", flush=True)
-    if on_ready is not None:
-        on_ready(url)
-    if open_browser:
-        webbrowser.open_new_tab(url)
-    me.visualize_from_config(config(files), host=host, port=port, extensions=["model_explorer_onnx"],
-                             no_open_in_browser=True)
+    scratch = None if workdir else Path(tempfile.mkdtemp(prefix="tvm_probe_view_"))
+    folder = Path(workdir) if workdir else scratch / "view"
+    try:
+        with _stopped_by_signals():
+            files = export(results, folder, comparison, model, overwrite=True)
+            url = page_url(files, host, port)
+            page = _forwarding_page(folder, url)
+            print(f"tvm-probe view: {page.as_uri()} (Model Explorer on http://{host}:{port}; Ctrl-C stops it)",
+                  flush=True)
+            if on_ready is not None:
+                on_ready(url)
+            if open_browser:
+                webbrowser.open_new_tab(url)
+            with contextlib.redirect_stdout(io.StringIO()):  # its banner, adapter list and address
+                me.visualize_from_config(config(files), host=host, port=port, extensions=["model_explorer_onnx"],
+                                         no_open_in_browser=True)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+OPEN_PAGE = "open.html"
+
+
+def _forwarding_page(folder: Path, url: str) -> Path:
+    """``folder/open.html``: a page that forwards to ``url`` (a short name for a long address)."""
+    path = folder / OPEN_PAGE
+    target = html.escape(url, quote=True)
+    path.write_text(f'<!DOCTYPE html>\n<meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
+                    f'<title>tvm_probe view</title><a href="{target}">Model Explorer</a>\n', encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM and SIGHUP stop the view as Ctrl-C does (a KeyboardInterrupt, which Model
+    Explorer's loop ends on), so that the caller's clean-up runs; by default they kill the
+    process on the spot.  Only the main thread can set handlers: elsewhere this does nothing."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, stop)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# ------------------------------------------------------------------------------ quantization overlays
+#: Per-op figures of tvm_probe.quantization shown on the float model: (overlay, row column, thresholds)
+QUANTIZATION_OVERLAYS = (
+    ("sqnr (dB)", "sqnr_db", [{"value": 10, "bgColor": FAILED}, {"value": 20, "bgColor": NEAR},
+                              {"value": _HUGE, "bgColor": PASSED}]),
+    ("tvm vs onnxruntime", "tvm_vs_runtime", [{"value": 1e-5, "bgColor": PASSED}, {"value": _HUGE, "bgColor": FAILED}]),
+    ("sqnr kept in float (dB)", "sensitivity_sqnr_db", []),
+    ("gain kept in float (dB)", "gain_db", [{"value": 1, "bgColor": PASSED}, {"value": 3, "bgColor": NEAR},
+                                            {"value": _HUGE, "bgColor": FAILED}]),
+)
+
+
+def export_quantization(comparison, folder, sensitivity=None, overwrite: bool = False) -> list[str]:
+    """Write the float model and Model Explorer overlays of a quantization comparison (and ranking)
+    into ``folder``: per quantized op, its SQNR, TVM against onnxruntime, and (with ``sensitivity``)
+    the outputs' SQNR and gain with that op in float.  Returns the ``model-explorer`` command
+    line that loads them.  ``comparison`` is :func:`tvm_probe.quantization.compare_quantized`'s."""
+    import onnx
+
+    model_explorer()
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise ProbeError(f"'{folder}' exists and is not empty: choose another folder or pass overwrite=True")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "float.onnx"
+    onnx.save(comparison.float_model, str(path))
+    rows = {r["name"]: dict(r) for r in comparison.rows}
+    for r in sensitivity.rows if sensitivity is not None else ():
+        rows[r["name"]].update(sensitivity_sqnr_db=r["sqnr_db"], gain_db=r["gain_db"])
+    tensors = {op.float_tensor: op.name for op in comparison.ops}
+    graph_id, nodes = _onnx_nodes(path, set(tensors))
+    overlays = []
+    for overlay, column, scale in QUANTIZATION_OVERLAYS:
+        results = {}
+        for node_id, keys in nodes.items():
+            value = rows[tensors[keys[0]]].get(column)
+            if value is not None and not math.isnan(value):
+                results[node_id] = {"value": max(min(float(value), _HUGE), -_HUGE)}  # JSON has no infinity
+        if results:
+            data = {"name": f"tvm_probe {overlay}", "results": results, **({"thresholds": scale} if scale else {})}
+            overlays.append(folder / f"quantization.{_file_name(overlay)}.json")
+            _write(overlays[-1], {graph_id: data})
+    return [f"model-explorer {path} --extensions=model_explorer_onnx --node_data_paths="
+            + ",".join(str(p) for p in overlays)]
 
 
 def reference_comparison(reader, model_path=None, atol=None, rtol=None):

@@ -29,6 +29,7 @@ Importing this package imports no runtime (and not TVM): each reference imports 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from typing import Any, Mapping
@@ -38,7 +39,7 @@ import numpy as np
 from ...core.errors import ProbeError
 from ...importer.kinds import adapter_for
 
-__all__ = ["Reference", "register_reference", "get_reference", "reference_for", "reference_names",
+__all__ = ["Reference", "register_reference", "get_reference", "configured_reference", "reference_for", "reference_names",
            "NO_REFERENCE", "is_no_reference", "TVM_BUILD"]
 
 #: YAML ``reference: none``: compare with nothing (the run, dump and report only).  A name
@@ -115,7 +116,7 @@ class TorchReference(Reference):
         from .torch import torch_values
 
         module = model[0] if isinstance(model, tuple) else model
-        return torch_values(module, tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()))
+        return torch_values(module, tuple(torch.from_numpy(np.require(a, requirements=("C", "W"))) for a in inputs.values()))
 
 
 class TFLiteReference(Reference):
@@ -159,6 +160,21 @@ def get_reference(name: str) -> Reference:
         return _REGISTRY[name]
     except KeyError:
         raise ProbeError(f"unknown reference {name!r}: use one of {', '.join(reference_names())}") from None
+
+
+def configured_reference(name: str, options: Mapping | None = None) -> Reference:
+    """The reference registered as ``name``, with ``options`` — the fields of a reference that
+    takes some, e.g. ``{target, pipeline}`` of the TVM build (YAML ``reference: {tvm: {...}}``)."""
+    reference = get_reference(name)
+    if not options:
+        return reference
+    if not dataclasses.is_dataclass(reference):
+        raise ProbeError(f"reference {name!r} takes no options (given: {', '.join(options)})")
+    fields = {f.name for f in dataclasses.fields(reference)}
+    unknown = [k for k in options if k not in fields]
+    if unknown:
+        raise ProbeError(f"reference {name!r} has no option {unknown[0]!r}: it takes {', '.join(sorted(fields))}")
+    return dataclasses.replace(reference, **options)
 
 
 def reference_for(model_kind: str) -> Reference:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...core.errors import one_line
-from ...core.schema import PIPELINES
+from ...core.schema import PIPELINE_NAMES
 from ...core.tolerance import Tolerance, default_tolerance
 from ...probe.tvm_reference import build_label, pipeline_label, target_label
 from ...store.atomic import replace_folder
@@ -185,8 +185,8 @@ def repro_script(result: Reduction) -> str:
     build = (result.target, result.pipeline)
     builds = [build] + ([(result.reference.target, result.reference.pipeline)] if result.reference else [])
     for target, pipeline in builds:
-        if not isinstance(pipeline, str) or pipeline not in PIPELINES:
-            raise ReduceError(f"repro.py needs a named pipeline ('default' or 'fused'), not the custom pass "
+        if not isinstance(pipeline, str) or pipeline not in PIPELINE_NAMES:
+            raise ReduceError(f"repro.py needs a named pipeline (one of {', '.join(PIPELINE_NAMES)}), not the custom pass "
                               f"{pipeline_label(pipeline, target)!r}: a standalone script cannot rebuild it")
     tolerances = {name: _tolerance_for(result, value) for name, value in result.expected.items()}
     reference = (None if result.reference is None

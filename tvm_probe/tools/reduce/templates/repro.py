@@ -36,8 +36,8 @@ def run_tvm(model, inputs, target, pipeline, stage):
     stage[0] = "tvm.compile"
     if pipeline == "fused":
         executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
-    else:
-        executable = tvm.compile(mod, target)
+    else:  # a name of TVM's own: what tvm.compile(relax_pipeline=NAME) runs
+        executable = tvm.compile(mod, target, relax_pipeline=pipeline)
     stage[0] = "running the compiled model"
     kind = target.kind.name
     device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
