@@ -3,9 +3,9 @@
 Each case (``tests/support/campaign.py``) is run by plain TVM and by tvm_probe under the pipeline;
 the property: tvm_probe runs every model plain TVM runs, every value is served equal to the
 reference (onnxruntime / eager torch) or to plain TVM's own, or is an explicit unknown with a
-one-line why, and ``get`` raises nothing else.  The known failures belong to work under way
-elsewhere (non-kernel calls, shape and sequence values, ``None`` outputs): they are listed
-with their reason as strict xfails, so that they turn into failures here the day they pass.
+one-line why, and ``get`` raises nothing else; every Split output is served on symbolic shapes
+too.  The known failures are listed with their reason as strict xfails, so that they turn into
+failures here the day they pass.
 """
 from __future__ import annotations
 
@@ -20,43 +20,36 @@ from support.campaign_torch import torch_cases
 from tvm_probe.schema import PIPELINES
 
 SEED = 36
-DATA_DEPENDENT = "non-kernel call (relax.run.*) seen as TVMBehaviourChanged: the data-dependent ops' branch"
-SHAPE_VALUE = "a shape value as output ends in TVMRunError ('int' object is not iterable): the shape values' branch"
-NONE_OUTPUT = "an output None ends in TVMRunError ('NoneType' object is not iterable): the None outputs' branch"
-SEQUENCE = "a sequence output is returned as its first tensor only: the sequence values' branch"
-SPLIT_DYN = "Split outputs on symbolic shapes are unknown (lost between import and compile): the Split outputs' branch"
+SEQUENCE = "a sequence output is returned as its first tensor only: the sequence values' work, still to do"
 
-# by case name: what fails today, and why (the other branch fixes these)
+# by case name: what fails today, and why
 KNOWN_FAILING = {
-    "onnx/test_nonzero_example": DATA_DEPENDENT,
-    "onnx/extra/unknown_rank_shape": SHAPE_VALUE,
-    "onnx/test_shape": SHAPE_VALUE,
-    "torch/return_none": NONE_OUTPUT,
-    "torch/masked_select": DATA_DEPENDENT,
-    "torch/one_hot": DATA_DEPENDENT + " (relax.run.assert_op)",
     "onnx/test_split_to_sequence_2@const": SEQUENCE,
 }
-# named cases of this branch's fixes, always in the sample
+# named cases, always in the sample: this branch's fixes, and the classes the data-ops branch
+# fixed (they were strict xfails here until it landed: data-dependent ops, shape values, None outputs)
 NAMED = ("onnx/extra/unknown_rank_reshape_relu", "onnx/extra/split3_dyn", "onnx/extra/unsqueeze_axes_input_dyn",
-         "onnx/extra/shape_gather_concat_reshape_dyn", "torch/inplace_input_add_")
+         "onnx/extra/shape_gather_concat_reshape_dyn", "torch/inplace_input_add_", "onnx/test_nonzero_example",
+         "onnx/extra/unknown_rank_shape", "onnx/test_shape", "torch/return_none", "torch/masked_select",
+         "torch/one_hot")
 
 
 # drawn by draw_sample(SEED) and written down, so that collecting the tests builds no case
 DRAWN = (
     "onnx/test_less_equal_expanded@dyn", "onnx/test_attention_3d_with_past_and_present_qk_matmul_bias_expanded@dyn",
     "onnx/test_argmax_no_keepdims_random_select_last_index@dyn", "onnx/test_hardmax_axis_2",
-    "onnx/test_attention_4d_causal_padded_kv_bf16@const", "onnx/test_abs@dyn", "onnx/test_reduce_min_bool_inputs@dyn",
-    "onnx/test_slice_negative_axes@const", "torch/inplace_input_clamp_", "torch/logsumexp", "torch/max_dim",
-    "torch/sqrt",
+    "onnx/test_attention_4d_causal_padded_kv_bf16@const", "onnx/test_abs@dyn", "onnx/test_reduce_min_bool_inputs@const",
+    "onnx/test_slice_neg_steps@dyn", "torch/inplace_input_clamp_", "torch/logsumexp", "torch/matmul_t",
+    "torch/softplus",
 )
 SAMPLE = tuple(dict.fromkeys(DRAWN + NAMED + tuple(KNOWN_FAILING)))
 
 
 def draw_sample(seed: int = SEED) -> list[str]:
-    """8 ONNX node-test cases and 4 torch cases, drawn from those not known to fail."""
+    """8 ONNX node-test cases and 4 torch cases."""
     names = [c.name for c in onnx_cases() + torch_cases()]
-    node_tests = sorted(n for n in names if "/test_" in n and n not in KNOWN_FAILING)
-    torch_ops = sorted(n for n in names if n.startswith("torch/") and n not in KNOWN_FAILING)
+    node_tests = sorted(n for n in names if "/test_" in n)
+    torch_ops = sorted(n for n in names if n.startswith("torch/"))
     rng = random.Random(seed)
     return rng.sample(node_tests, 8) + rng.sample(torch_ops, 4)
 
@@ -84,7 +77,6 @@ def test_the_sample_is_the_seeded_draw_and_every_case_exists():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SPLIT_DYN)
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_every_output_of_a_split_on_symbolic_shapes_is_served(pipeline):
     outcome = run_case(_cases()["onnx/test_split_equal_parts_2d@dyn"], pipeline)
