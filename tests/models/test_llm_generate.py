@@ -271,7 +271,7 @@ def test_a_program_that_mutates_buffers_is_refused_naming_them():
     from tvm_probe.importer.torch import export_program
 
     module, x = _Counter(), torch.ones(3)
-    with pytest.raises(ModelError, match=r"^_Counter mutates 1 buffer\(s\) or input\(s\) \(total\), whose updates "
+    with pytest.raises(ModelError, match=r"^_Counter mutates 1 buffer\(s\) \(total\), whose updates "
                                          r"TVM's importer drops"):
         Probe.from_torch(module, (x,))
     # what would have happened: TVM's own import runs, and its second call repeats the first

@@ -65,8 +65,12 @@ def test_dynamic_dimensions_compile_dynamically_or_as_pinned():
     rankless = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    with pytest.raises(ModelError, match=r"^input 'x' has no known rank: pass shapes=\{'x': \(\.\.\.\)\}$"):
-        Probe.from_onnx(helper.make_model(rankless, opset_imports=[helper.make_opsetid("", 17)]))
+    rankless = helper.make_model(rankless, opset_imports=[helper.make_opsetid("", 17)])
+    # no rank: compiled as TVM compiles it, which cannot build a Relu of unknown rank (TVM's own
+    # build fails too: tests/importer/test_unknown_rank_inputs.py); shapes= pins it
+    with pytest.raises(ModelError, match=r"R.nn.relu of R.Tensor\(ndim=-1\) .* pass shapes=\{'x': \(\.\.\.\)\}"):
+        Probe.from_onnx(rankless)
+    np.testing.assert_array_equal(Probe.from_onnx(rankless, shapes={"x": (2, 4)}).run(x)["y"], np.maximum(x, 0))
 
 
 # -- inputs --------------------------------------------------------------------------------------

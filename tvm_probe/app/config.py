@@ -105,7 +105,12 @@ class InputSource:
         if self.file is not None:
             return _load_array(self.file, self.key, self.name)
         opts = dict(self.random or {})
-        shape = tuple(opts.get("shape") or (spec.shape if spec else ()))
+        declared = spec.shape if spec else ()
+        if not opts.get("shape") and (declared is None or not all(isinstance(d, int) for d in declared)):
+            shown = "no rank" if declared is None else f"shape {list(declared)}"
+            raise ConfigError(f"inputs.{self.name}: the model declares it with {shown}: give "
+                              f"'{self.name}: {{random: {{shape: [...]}}}}' or a file")
+        shape = tuple(opts.get("shape") or declared)
         dtype = np.dtype(opts.get("dtype") or (spec.dtype if spec else "float32"))
         rng = np.random.default_rng(opts.get("seed", 0))
         low, high = opts.get("low", 0 if dtype.kind in "iub" else -1.0), opts.get("high")

@@ -281,7 +281,7 @@ def compile_with_snapshots(mod, target, pipeline: PipelineLike = DEFAULT_PIPELIN
 
 def _with_shape_hint(error, imported):
     """``error``, saying what to do when the model was compiled with symbolic dimensions."""
-    symbolic = [s.name for s in getattr(imported, "inputs", ()) if any(isinstance(d, str) for d in s.shape)]
+    symbolic = [s.name for s in getattr(imported, "inputs", ()) if s.shape is None or any(isinstance(d, str) for d in s.shape)]
     if symbolic:
         error.args = (f"{error}; this model has symbolic dimensions (inputs {', '.join(symbolic)}), which "
                       "TVM 0.27 cannot compile here: pass shapes= (YAML model.shapes) to compile it for fixed "

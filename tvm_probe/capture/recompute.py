@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from ..core.device import device_for, on_host
-from ..core.errors import ProbeError, TVMBehaviourChanged, ValueUnavailableError, one_line
+from ..core.errors import ProbeError, ValueUnavailableError, one_line
 from ..core.native_log import native_log_to_logging
 from ..kernel_map import CallSite
 from ..kernel_map.relax_analysis import bindings_computing
@@ -130,8 +130,10 @@ def cut_feed(group, site_inputs: list[np.ndarray], input_shapes=None) -> list[np
         elif i in group.param_consts:
             feed.append(_constant_argument(group, i, group.param_consts[i], sizes))
         else:  # FuseTIR fed this parameter from something the call site does not pass
-            raise TVMBehaviourChanged(f"cannot recompute inside kernel {group.name}: its parameter {i} "
-                                      "matches no argument of the compiled call")
+            raise ValueUnavailableError(
+                f"cannot recompute inside kernel {group.name}: its parameter {i} matches no argument of the "
+                "compiled call (a pass fed it from elsewhere); build with pipeline='default' to read it, and "
+                "please report the model")
     return feed
 
 

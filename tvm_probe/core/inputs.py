@@ -49,7 +49,12 @@ def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarra
 
 def _expected(specs) -> str:
     """What the model takes, for messages."""
-    return ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
+    return ", ".join(f"{s.name} {s.dtype}{shape_text(s.shape)}" for s in specs)
+
+
+def shape_text(shape) -> str:
+    """``[2, 'batch']``, or ``[any rank]`` for an input declared without a rank (``shape`` None)."""
+    return "[any rank]" if shape is None else str(list(shape))
 
 
 def _by_name(specs, inputs: Mapping) -> Mapping:
@@ -87,7 +92,7 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     if array.dtype != numpy_dtype(spec.dtype):
         raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
                          f"convert it with .astype('{spec.dtype}')")
-    if array.shape != spec.shape and (len(array.shape) != len(spec.shape) or any(
+    if spec.shape is not None and array.shape != spec.shape and (len(array.shape) != len(spec.shape) or any(
             isinstance(want, int) and got != want for got, want in zip(array.shape, spec.shape))):
         raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
                          f"{list(spec.shape)}")
@@ -123,7 +128,7 @@ def _check_symbolic_dims(specs, arrays) -> None:
     """A symbolic dimension (dynamic axes) named in several places takes one size per run."""
     sizes: dict[str, tuple[int, str]] = {}
     for spec, array in zip(specs, arrays):
-        for want, got in zip(spec.shape, array.shape):
+        for want, got in zip(spec.shape or (), array.shape):
             if not isinstance(want, str):
                 continue
             first = sizes.setdefault(want, (got, spec.name))
@@ -170,7 +175,7 @@ def fast_check(spec):
     :func:`check_input` for ``spec`` as it is (a numpy array of its dtype and static shape,
     C-contiguous, ids in range, finite unless allowed); False means "ask check_input", which
     names the problem.  None for a spec with symbolic dimensions (checked across inputs)."""
-    if not all(isinstance(d, int) for d in spec.shape):
+    if spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
         return None
     dtype, shape = numpy_dtype(spec.dtype), tuple(spec.shape)
     if dtype is None:

@@ -16,7 +16,8 @@ class InputSpec:
     """One input the user must feed: its source name, shape and numpy dtype.
 
     A dimension of ``shape`` is an int, or a name (``'batch'``) when the model is compiled with
-    symbolic dimensions: then any size goes, the same size wherever the name appears.
+    symbolic dimensions: then any size goes, the same size wherever the name appears.  ``shape``
+    is None for an input declared without a rank (ONNX), which TVM compiles as such.
 
     ``index_bound`` is set when the input indexes a weight directly (the ids of an embedding
     ``Gather``): valid values are ``-index_bound <= v < index_bound`` (ONNX), or
@@ -27,7 +28,7 @@ class InputSpec:
     """
 
     name: str
-    shape: tuple[int | str, ...]
+    shape: tuple[int | str, ...] | None
     dtype: str
     index_bound: int | None = None
     indexes: str = ""

@@ -427,8 +427,7 @@ def _collect(proto, mod, importer) -> ImportedModel:
             continue  # older exporters list weights as inputs too; they are weights
         expr = record.get(vi.name)
         shape, dtype = tensor_info(expr)
-        if shape is None:
-            raise ModelError(f"input '{vi.name}' has no known rank: pass shapes={{'{vi.name}': (...)}}")
+        # shape None: declared without a rank; TVM compiles it so (any rank goes), as plain TVM does
         sources.add(SourceValue(key=vi.name, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype))
         sources.model_inputs.append(vi.name)
         bound, weight = _index_bound(graph, vi.name, initializers)

@@ -91,22 +91,25 @@ def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shap
 
 
 def check_no_mutations(program, name: str) -> None:
-    """Refuse, in one line naming them, a program that mutates buffers or its inputs.
+    """Refuse, in one line naming them, a program that mutates buffers.
 
     TVM's ``from_exported_program`` binds buffers as constants and drops the mutation outputs
     ("Only user-facing outputs should be returned"): a static KV cache or BatchNorm's running
     statistics would silently keep their first value, every later call wrong.  Measured on
     transformers' ``TorchExportableModuleWithStaticCache`` (6 mutations: decode logits off by
     0.2, other tokens, no error), so tvm_probe never builds such a program.
+
+    An in-place op on a *user input* (``x.add_(1)``, ``F.relu6(x, inplace=True)``) drops no
+    state: ``torch.export`` functionalizes it (the input's new value is an fx node like any
+    other) and the caller passes the input again at each call, so it is probed as plain TVM
+    runs it; only the write-back into the caller's tensor is left out, as TVM leaves it out.
     """
-    signature = program.graph_signature
-    mutated = list(signature.buffers_to_mutate.values()) + list(signature.user_inputs_to_mutate.values())
+    mutated = list(program.graph_signature.buffers_to_mutate.values())
     if mutated:
         shown = ", ".join(mutated[:4]) + (f" and {len(mutated) - 4} more" if len(mutated) > 4 else "")
-        raise ModelError(f"{name} mutates {len(mutated)} buffer(s) or input(s) ({shown}), whose updates TVM's "
+        raise ModelError(f"{name} mutates {len(mutated)} buffer(s) ({shown}), whose updates TVM's "
                          "importer drops (it binds buffers as constants): pass that state as inputs and return "
                          "it as outputs (Probe.from_hf does this for KV caches)")
-
 
 
 def _make_importer(import_fixes: bool = True):

@@ -343,14 +343,49 @@ def _name_sites(kmap: KernelMap, sources) -> None:
 def _plan_groups(kmap: KernelMap, runtime: FunctionValues, post_fusion, site_vars) -> None:
     """A recompute plan for every site that holds a source value inside."""
     input_dims = _input_dims(post_fusion["main"]) if post_fusion is not None else {}
+    bound = _bindings_of(post_fusion["main"]) if post_fusion is not None else {}
     for site in kmap.sites:
         if not site.interior_keys:
             continue
         var = site_vars[site.index]
         call = runtime.inlined[var].call
         func = post_fusion[call.op]
-        site.group = _plan_group(func, call.op.name_hint, list(call.args), site.call_args,
+        args = [_constant_behind(a, bound) for a in call.args]
+        site.group = _plan_group(func, call.op.name_hint, args, site.call_args,
                                  _callees(post_fusion, func), input_dims)
+
+
+def _bindings_of(func) -> dict:
+    """Var → the expression it is bound to, in ``func`` (Relax's own table)."""
+    from tvm import relax
+
+    return dict(relax.analysis.get_var2val(func))
+
+
+def _constant_behind(arg, bound: dict):
+    """The Constant a Var stands for when its binding is one (``a = c``, ``a = t[k]`` of a tuple
+    literal of constants: FoldConstant leaves a folded ``split`` so), else ``arg``.  Later
+    passes put that constant in the compiled call in the Var's place, so the grouped function's
+    parameter is fed the constant, not a call argument (nn.GRU's gates, fused)."""
+    expr = _resolve(arg, bound)
+    return expr if hasattr(getattr(expr, "value", None), "numpy") else arg  # a tensor constant
+
+
+def _resolve(expr, bound: dict):
+    """``expr`` followed through rebindings and tuple items of tuple literals."""
+    from tvm import relax
+
+    for _ in range(32):  # a chain of rebindings; bounded, as any walk of user IR
+        if isinstance(expr, relax.Var) and expr in bound:
+            expr = bound[expr]
+        elif isinstance(expr, relax.TupleGetItem):
+            tup = _resolve(expr.tuple_value, bound)
+            if not isinstance(tup, relax.Tuple):
+                return expr
+            expr = tup.fields[expr.index]
+        else:
+            break
+    return expr
 
 
 def _callees(mod, func) -> dict:

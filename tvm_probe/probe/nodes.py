@@ -7,11 +7,17 @@ from ..core.results import NodeInfo
 from ..kernel_map import ArgKind
 
 
+def _declared(shape) -> tuple:
+    """An input's declared shape; one without a rank (``None``) shows as one symbolic dimension
+    until a run gives its shape (a symbolic shape is replaced by each run's: :func:`show_run`)."""
+    return ("any rank",) if shape is None else tuple(shape)
+
+
 def static_nodes(inputs, sources, sites) -> list[NodeInfo]:
     """One node per model input (``inputs``: InputSpecs), then one per kernel call site."""
     n_in = len(inputs)
     # (a function's arguments may be objects — a KV cache, a shape — that are no source values)
-    nodes = [NodeInfo(index=i, name=s.name, op="null", out_shapes=[s.shape], out_dtypes=[s.dtype],
+    nodes = [NodeInfo(index=i, name=s.name, op="null", out_shapes=[_declared(s.shape)], out_dtypes=[s.dtype],
                       output_keys=[[s.name] if s.name in sources else []])
              for i, s in enumerate(inputs)]
     for site in sites:

@@ -1,0 +1,275 @@
+"""The op campaign: many small models, each run by plain TVM and by tvm_probe, values compared.
+
+A :class:`Case` is one small model (an ONNX op with its attributes, dtypes and, in the ``@dyn``
+variant, every input dimension symbolic; or a torch.export program of one aten op or a small
+module, :mod:`support.campaign_torch`).  :func:`run_case` runs it under one pipeline:
+
+1. **plain TVM**: TVM's own importer, ``tvm.compile`` with that pipeline, the VM; a model plain
+   TVM cannot build or run is recorded as such and goes no further (not ours to run);
+2. **tvm_probe**: ``Probe.from_onnx`` / ``Probe.from_torch`` with the same pipeline, one run;
+   its outputs must equal plain TVM's;
+3. **every value**: a served value is compared with onnxruntime's (eager torch's) value of that
+   tensor; where they differ, with plain TVM built with every tensor as an extra output (the
+   differential check: TVM's own value, whatever onnxruntime says).  An unknown value must say
+   why in one line; ``get`` must never raise anything but that explicit unknown.
+
+The result is an :class:`Outcome` (plain data) whose :attr:`Outcome.problems` are empty when
+tvm_probe did everything right.  ``bench/campaign.py`` runs all cases and writes
+``bench/campaign_results.md``; ``tests/models/test_op_campaign.py`` runs a fixed sample.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PIPELINES = ("default", "fused")
+RTOL, ATOL = 1e-3, 1e-4
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model of the campaign; ``make()`` gives ``(model, inputs)``: an ONNX ModelProto and
+    ``{input name: array}``, or a torch module and its tuple of example tensors."""
+
+    name: str
+    family: str  # "onnx" or "torch"
+    cls: str     # what results are counted by: the op type, or the torch case's group
+    make: Callable
+
+
+@dataclass
+class Outcome:
+    """What one case did under one pipeline."""
+
+    case: str
+    cls: str
+    pipeline: str
+    plain: str = ""        # "" when plain TVM built and ran it, else why not (one line)
+    probe: str = ""        # "" when tvm_probe ran it, else its failure (one line)
+    compared: int = 0      # served values compared
+    equal: int = 0         # ... equal to the reference (onnxruntime / eager) or to plain TVM
+    via_tvm: int = 0       # ... of which equal to plain TVM only (the reference differs from TVM)
+    dead: int = 0          # values no output depends on (unavailable)
+    uncompared: int = 0    # served, but neither the reference nor plain TVM gives that value
+    unknown: dict = field(default_factory=dict)  # key → why (one line)
+    wrong: list = field(default_factory=list)    # values served wrongly or whose get raised
+
+    @property
+    def ran_plain(self) -> bool:
+        return not self.plain
+
+    @property
+    def problems(self) -> list[str]:
+        """What tvm_probe did wrong (an unknown is not a problem when it says why in one line)."""
+        if self.plain:
+            return []
+        out = [f"run: {self.probe}"] if self.probe else []
+        out += list(self.wrong)
+        out += [f"{k}: unknown without a one-line reason" for k, why in self.unknown.items()
+                if not why or "\n" in why]
+        return out
+
+
+def one_line(err: BaseException | str, limit: int = 300) -> str:
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def reason_class(text: str) -> str:
+    """A reason with names and numbers taken out, so that equal reasons count together."""
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    text = re.sub(r"\b[\w.]*\d[\w.]*\b", "N", text)
+    return text[:160]
+
+
+# -- comparing ---------------------------------------------------------------------------------
+def same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc" or b.dtype.kind in "fc":
+        return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=RTOL, atol=ATOL, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def to_numpy_list(value) -> list[np.ndarray]:
+    """A VM result (tensor, tuple, shape, scalar, nested) as a flat list of arrays."""
+    import tvm
+
+    if isinstance(value, (list, tuple, tvm.ir.Array)) and not isinstance(value, tvm.runtime.ShapeTuple):
+        return [a for v in value for a in to_numpy_list(v)]
+    if isinstance(value, tvm.runtime.ShapeTuple):
+        return [np.array(list(value), dtype=np.int64)]
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    if value is None:
+        return []
+    return [np.asarray(value)]
+
+
+def _pipeline_pass(pipeline: str):
+    import tvm
+
+    from tvm_probe.build.compile import resolve_pipeline
+
+    return resolve_pipeline(pipeline, tvm.target.Target("llvm"))[0]
+
+
+def run_vm(mod, pipeline: str, args) -> list[np.ndarray]:
+    """``tvm.compile(mod)`` with ``pipeline`` and one run on the CPU: the outputs, flattened."""
+    import tvm
+    from tvm import relax
+
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline_pass(pipeline))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args]))
+            for _ in range(2)]
+    if len(runs[0]) != len(runs[1]) or not all(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+                                               for a, b in zip(*runs)):
+        # (a reduction over an empty axis reads memory it never wrote: nothing to compare with)
+        raise RuntimeError("plain TVM's outputs differ between two runs of one build on the same inputs")
+    return runs[0]
+
+
+# -- ONNX ----------------------------------------------------------------------------------------
+def onnx_plain(model, inputs: Mapping[str, np.ndarray], pipeline: str) -> list[np.ndarray]:
+    """Plain TVM: ``from_onnx``, ``tvm.compile``, the VM."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(model)
+    inits = {t.name for t in model.graph.initializer}
+    return run_vm(mod, pipeline, [inputs[i.name] for i in model.graph.input if i.name not in inits])
+
+
+def with_all_outputs(model):
+    """A copy of ``model`` with every node output also a graph output (in node order)."""
+    from onnx import ModelProto, helper
+
+    m = ModelProto()
+    m.CopyFrom(model)
+    known = {o.name for o in m.graph.output}
+    for node in m.graph.node:
+        for out in node.output:
+            if out and out not in known:
+                known.add(out)
+                m.graph.output.append(helper.make_empty_tensor_value_info(out))
+    return m
+
+
+def ort_values(model, inputs) -> dict[str, np.ndarray]:
+    """onnxruntime's value of every node output it can give ({} if it cannot run the model)."""
+    import onnxruntime as ort
+
+    m = with_all_outputs(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return {n: v for n, v in zip(names, sess.run(names, dict(inputs))) if isinstance(v, np.ndarray)}
+    except Exception:
+        return {}
+
+
+def tvm_values(model, inputs, pipeline) -> dict[str, np.ndarray]:
+    """Plain TVM's value of every node output: the model built with all of them as outputs
+    ({} if that build fails, or its outputs do not flatten one array per name)."""
+    m = with_all_outputs(model)
+    try:
+        outs = onnx_plain(m, inputs, pipeline)
+    except Exception:
+        return {}
+    names = [o.name for o in m.graph.output]
+    return dict(zip(names, outs)) if len(outs) == len(names) else {}
+
+
+def run_onnx(case: Case, pipeline: str) -> Outcome:
+    from tvm_probe import Probe
+
+    model, inputs = case.make()
+    outcome = Outcome(case.name, case.cls, pipeline)
+    try:
+        plain = onnx_plain(model, inputs, pipeline)
+    except Exception as err:
+        outcome.plain = one_line(err)
+        return outcome
+    try:
+        probe = Probe.from_onnx(model, pipeline=pipeline)
+        got = probe.run(inputs, allow_nonfinite=True)
+    except Exception as err:
+        outcome.probe = one_line(err)
+        return outcome
+    _check_outputs(outcome, [got[o.name] for o in model.graph.output if o.name in got], plain)
+    reference = ort_values(model, inputs)
+    own = {}  # plain TVM's values, built only when a value differs from onnxruntime's
+
+    def tvm_value(key):
+        if not own:
+            own.update(tvm_values(model, inputs, pipeline) or {"": None})
+        return own.get(key)
+
+    check_values(outcome, probe, reference, tvm_value)
+    return outcome
+
+
+def _check_outputs(outcome: Outcome, got: list, plain: list) -> None:
+    flat = [a for g in got for a in (to_numpy_list(g) if not isinstance(g, np.ndarray) else [g])]
+    if len(flat) != len(plain):
+        outcome.wrong.append(f"outputs: {len(flat)} served, plain TVM returns {len(plain)}")
+        return
+    for k, (a, b) in enumerate(zip(flat, plain)):
+        if not same(a, b):
+            outcome.wrong.append(f"output {k} differs from plain TVM's")
+
+
+def check_values(outcome: Outcome, probe, reference: Mapping, tvm_value: Callable) -> None:
+    """Every value ``probe`` holds: served ones against ``reference`` (or ``tvm_value(key)``,
+    plain TVM's, where the reference lacks or differs), unknown ones with their one-line why."""
+    from tvm_probe.core.sources import Kind, Served
+
+    for value in probe.sources_map:
+        if value.kind in (Kind.INPUT, Kind.PARAM):
+            continue
+        key, served = value.key, probe.servings[value.key].served
+        if served is Served.UNAVAILABLE:
+            outcome.dead += 1
+            continue
+        try:
+            got = probe.get_tensor(key)
+        except Exception as err:
+            if served is Served.UNKNOWN and type(err).__name__ == "ValueUnavailableError":
+                outcome.unknown[key] = str(err)
+            else:
+                outcome.wrong.append(f"{key}: get raised {one_line(err)} (served: {served.value})")
+            continue
+        if served is Served.UNKNOWN:
+            outcome.wrong.append(f"{key}: answers a value although it is unknown")
+            continue
+        outcome.compared += 1
+        if key in reference and same(got, reference[key]):
+            outcome.equal += 1
+            continue
+        theirs = tvm_value(key)
+        if theirs is not None and same(got, theirs):
+            outcome.equal += 1
+            outcome.via_tvm += 1
+        elif theirs is None and key not in reference:
+            outcome.compared -= 1
+            outcome.uncompared += 1
+        else:
+            outcome.wrong.append(f"{key}: served as {served.value}, differs from "
+                                 f"{'plain TVM' if theirs is not None else 'the reference'}")
+
+
+def run_case(case: Case, pipeline: str) -> Outcome:
+    """``case`` under ``pipeline``; an exception of the campaign itself is recorded, not raised."""
+    from .campaign_torch import run_torch
+
+    try:
+        return (run_onnx if case.family == "onnx" else run_torch)(case, pipeline)
+    except Exception as err:
+        return Outcome(case.name, case.cls, pipeline, probe=f"campaign error: {one_line(err)}")
