@@ -99,47 +99,56 @@ def with_float_ops(float_model, quantized_model, names: Iterable[str]):
     Raises:
         QuantizationError: a name is not a quantized op of these models.
     """
-    import onnx
-
     ops = {op.name: op for op in quantized_ops(float_model, quantized_model)}
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in ops]
     if unknown:
         raise QuantizationError(f"{unknown[0]!r} is not an op the quantized model quantizes: choose from "
                                 f"{', '.join(list(ops)[:12])}{', ...' if len(ops) > 12 else ''}")
-    model = onnx.ModelProto()
-    model.CopyFrom(quantized_model)
-    graph, producers = model.graph, _producers(model)
-    float_nodes = {n.name: n for n in float_model.graph.node if n.name}
-    float_inits = {t.name: t for t in float_model.graph.initializer}
-    present = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    edit = _FloatEdit(float_model, quantized_model)
     for name in names:
         op = ops[name]
-        node, float_node = graph.node[op.index], float_nodes[name]
+        node = edit.graph.node[op.index]
         for j in op.dequantized:
-            node.input[j] = _float_input(graph, producers, node.input[j], float_node.input[j] if j < len(float_node.input)
-                                         else "", float_inits, present)
-    _prune(graph)
-    return model
+            node.input[j] = edit.float_input(op, j, node.input[j])
+    _prune(edit.graph)
+    return edit.model
 
 
-def _float_input(graph, producers, dequantized: str, float_name: str, float_inits, present) -> str:
-    """The float tensor behind ``dequantized``: the float model's initializer of that input, else
-    the tensor the QuantizeLinear before the DequantizeLinear reads, else ``dequantized`` itself
-    (a weight stored quantized that the float model does not hold: nothing float to read)."""
-    if float_name in float_inits:
-        if float_name not in present:
-            graph.initializer.append(float_inits[float_name])
-            present.add(float_name)
-            return float_name
-        existing = next((t for t in graph.initializer if t.name == float_name), None)
-        if existing is not None and existing.SerializeToString() == float_inits[float_name].SerializeToString():
-            return float_name
-    dq = producers.get(dequantized)
-    q = producers.get(dq.input[0]) if dq is not None else None
-    if q is not None and q.op_type == QUANTIZE:
-        return q.input[0]
-    return dequantized
+class _FloatEdit:
+    """A copy of the QDQ model being edited so that some ops read float tensors, and where each
+    op's float inputs are found (what :func:`with_float_ops` and :func:`switchable` share)."""
+
+    def __init__(self, float_model, quantized_model):
+        import onnx
+
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(quantized_model)
+        self.graph, self.producers = self.model.graph, _producers(self.model)
+        self.float_nodes = {n.name: n for n in float_model.graph.node if n.name}
+        self.float_inits = {t.name: t for t in float_model.graph.initializer}
+        self.present = {t.name for t in self.graph.initializer} | {i.name for i in self.graph.input}
+
+    def float_input(self, op, j: int, dequantized: str) -> str:
+        """The float tensor behind input ``j`` of ``op`` (``dequantized`` in the QDQ model): the
+        float model's initializer of that input, else the tensor the QuantizeLinear before the
+        DequantizeLinear reads, else ``dequantized`` itself (a weight stored quantized that the
+        float model does not hold: nothing float to read)."""
+        float_node = self.float_nodes[op.name]
+        float_name = float_node.input[j] if j < len(float_node.input) else ""
+        if float_name in self.float_inits:
+            if float_name not in self.present:
+                self.graph.initializer.append(self.float_inits[float_name])
+                self.present.add(float_name)
+                return float_name
+            existing = next((t for t in self.graph.initializer if t.name == float_name), None)
+            if existing is not None and existing.SerializeToString() == self.float_inits[float_name].SerializeToString():
+                return float_name
+        dq = self.producers.get(dequantized)
+        q = self.producers.get(dq.input[0]) if dq is not None else None
+        if q is not None and q.op_type == QUANTIZE:
+            return q.input[0]
+        return dequantized
 
 
 def _prune(graph) -> None:
@@ -167,26 +176,20 @@ def switchable(float_model, quantized_model):
     it, and with every flag false the model computes what ``quantized_model`` does.  A ``Where``
     selects, it computes nothing: each op's own arithmetic is the same in every variant.
     """
-    import onnx
     from onnx import TensorProto, helper
 
     ops = quantized_ops(float_model, quantized_model)
-    model = onnx.ModelProto()
-    model.CopyFrom(quantized_model)
-    graph, producers = model.graph, _producers(model)
-    float_nodes = {n.name: n for n in float_model.graph.node if n.name}
-    float_inits = {t.name: t for t in float_model.graph.initializer}
-    present = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    edit = _FloatEdit(float_model, quantized_model)
+    model, graph = edit.model, edit.graph
     flags, nodes = {}, [_copy(n) for n in graph.node]
     inserted: dict[int, list] = {}
     for k, op in enumerate(ops):
         flag = flags[op.name] = f"tvm_probe_keep_float_{k}"
         graph.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
-        node, float_node = nodes[op.index], float_nodes[op.name]
+        node = nodes[op.index]
         for j in op.dequantized:
             dequantized = node.input[j]
-            source = _float_input(graph, producers, dequantized,
-                                  float_node.input[j] if j < len(float_node.input) else "", float_inits, present)
+            source = edit.float_input(op, j, dequantized)
             if source == dequantized:
                 continue
             switched = f"{flag}_input{j}"
