@@ -77,9 +77,14 @@ def test_a_dynamic_hf_bert_runs_at_several_sizes(dynamic_bert):
         inputs = {"input_ids": rng.integers(0, 100, shape), "attention_mask": np.ones(shape, np.int64)}
         probe.run(inputs)
         result = compare(probe, onnxruntime_values(dynamic_bert, inputs))
-        wrong = {v.name for v in result.failed}
-        assert wrong <= {"/bert/embeddings/Equal", "/bert/embeddings/Where", "/bert/Equal"}, result.verdict()
-        assert result.first_divergent.name == "/bert/embeddings/Equal" and not result.unchecked
+        wrong = {v.name for v in result.failed}  # the folded Equal, and the Wheres that read it
+        assert wrong <= {"/bert/embeddings/Equal", "/bert/embeddings/Where", "/bert/Equal", "/bert/Where"}, \
+            result.verdict()
+        assert result.first_divergent.name == "/bert/embeddings/Equal"
+        # shape values TVM holds only as expressions of a size known at run time (an arange's
+        # length): unknown, saying why — never guessed
+        assert set(result.unchecked) <= {"/bert/Shape_4_output_0", "/bert/Concat_output_0"}, result.unchecked
+        assert all("as the symbolic expression" in why for why in result.unchecked.values())
         assert probe.served("/bert/Gather") == "shape" and probe.get("/bert/Gather") == shape[1]
         logits = onnxruntime_values(dynamic_bert, inputs)["logits"]
         np.testing.assert_allclose(probe.get("logits"), logits, atol=1e-4)
