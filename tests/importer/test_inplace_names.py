@@ -16,8 +16,9 @@ from tvm_probe.schema import PIPELINES
 
 torch = pytest.importorskip("torch")
 
+from support.campaign_torch import eager_values  # noqa: E402
+from tvm_probe.importer.torch import export_program, node_keys  # noqa: E402
 from tvm_probe import Probe, ValueUnavailableError  # noqa: E402
-from tvm_probe.importer.torch import export_program, lifted_tensors, node_keys  # noqa: E402
 from tvm_probe.sources import Served  # noqa: E402
 
 ATOL = 1e-5
@@ -71,37 +72,6 @@ MODELS = {
     "copy_after_use": (CopyAfterUse, (2, 3)),
     "circular_pad": (CircularPad, (1, 2, 4, 4)),
 }
-
-
-def eager_values(module, args) -> dict[str, np.ndarray]:
-    """Every fx node of the exported program, run node by node in eager PyTorch, by source key.
-
-    ``aten.empty`` (circular pad's output buffer) has unspecified contents; it runs as zeros
-    (what TVM's importer makes of it) so that the values read from it are defined.
-    """
-    program = export_program(module, args)
-    keys = node_keys(program)
-    tensors, user = lifted_tensors(program), iter(args)
-    kinds = torch.export.graph_signature.InputKind
-    graph_args = [next(user) if s.kind is kinds.USER_INPUT else tensors[s.target]
-                  for s in program.graph_signature.input_specs]
-    values = {}
-
-    class Eager(torch.fx.Interpreter):
-        def call_function(self, target, fargs, kwargs):
-            if target is torch.ops.aten.empty.memory_format:
-                return torch.zeros(fargs[0], **{k: v for k, v in kwargs.items() if k != "memory_format"})
-            return super().call_function(target, fargs, kwargs)
-
-        def run_node(self, node):
-            result = super().run_node(node)
-            if node in keys and isinstance(result, torch.Tensor):
-                values[keys[node]] = result.detach().numpy().copy()  # before any later write into it
-            return result
-
-    with torch.no_grad():
-        Eager(program.graph_module).run(*graph_args)
-    return values
 
 
 def copy_destinations(module, args) -> dict[str, str]:
