@@ -509,14 +509,37 @@ class Session {
 
   void CopyOutputs(int index, const Site& site, const TVMFFIAny* ret, const TVMFFIAny* args,
                    int num_args) {
+    CheckArguments(index, site, num_args);
+    for (int32_t k = 0; k < site.num_outputs; ++k) {
+      CopyOne(index, k, OutputOf(index, site, k, ret, args), plan_.slots[site.first_output + k]);
+    }
+  }
+
+  /*! \brief A site's outputs are among the call's arguments (a view's is its result). */
+  void CheckArguments(int index, const Site& site, int num_args) {
     if (!site.is_view && site.num_inputs + site.num_outputs > num_args) {
       Fail(Describe(index, site.num_outputs - 1) + " is missing from the call's arguments");
     }
-    for (int32_t k = 0; k < site.num_outputs; ++k) {
-      const DLTensor* tensor = AsTensor(site.is_view ? *ret : args[site.num_inputs + k]);
-      if (tensor == nullptr) Fail(Describe(index, k) + " is not a tensor");
-      CopyOne(index, k, *tensor, plan_.slots[site.first_output + k]);
+  }
+
+  /*! \brief Output `k` of a site: the call's argument after its inputs, or a view's result. */
+  const DLTensor& OutputOf(int index, const Site& site, int32_t k, const TVMFFIAny* ret,
+                           const TVMFFIAny* args) {
+    const DLTensor* tensor = AsTensor(site.is_view ? *ret : args[site.num_inputs + k]);
+    if (tensor == nullptr) Fail(Describe(index, k) + " is not a tensor");
+    return *tensor;
+  }
+
+  /*! \brief `nbytes` of a contiguous tensor into `dst`, from the host or the device. */
+  void CopyBytes(int index, int k, const DLTensor& tensor, char* dst, int64_t nbytes) {
+    if (!ffi::IsContiguous(tensor)) Fail(Describe(index, k) + " is not contiguous");
+    const char* src = static_cast<const char*>(tensor.data) + tensor.byte_offset;
+    if (tensor.device.device_type == kDLCPU) {
+      std::memcpy(dst, src, nbytes);
+    } else {
+      CopyFromDevice(tensor, dst, nbytes);
     }
+    stats_data_[kCopiedBytes] += nbytes;
   }
 
   void CopyOne(int index, int k, const DLTensor& tensor, const Slot& slot) {
@@ -524,27 +547,16 @@ class Session {
                      tensor.dtype.lanes == slot.dtype.lanes && tensor.ndim == slot.ndim &&
                      std::equal(slot.shape, slot.shape + slot.ndim, tensor.shape);
     if (!same_type) Fail(Describe(index, k) + " does not have the shape and dtype compiled for it");
-    if (!ffi::IsContiguous(tensor)) Fail(Describe(index, k) + " is not contiguous");
-    char* dst = arena_data_ + slot.offset;
-    const char* src = static_cast<const char*>(tensor.data) + tensor.byte_offset;
-    if (tensor.device.device_type == kDLCPU) {
-      std::memcpy(dst, src, slot.nbytes);
-    } else {
-      CopyFromDevice(tensor, dst, slot.nbytes);
-    }
-    stats_data_[kCopiedBytes] += slot.nbytes;
+    CopyBytes(index, k, tensor, arena_data_ + slot.offset, slot.nbytes);
   }
 
   /*! \brief A kCopyDynamic site's outputs: each at the arena's cursor (grown when full), its
    * place and shape written into the layout buffer. */
   void CopyDynamic(int index, const Site& site, const TVMFFIAny* ret, const TVMFFIAny* args,
                    int num_args) {
-    if (!site.is_view && site.num_inputs + site.num_outputs > num_args) {
-      Fail(Describe(index, site.num_outputs - 1) + " is missing from the call's arguments");
-    }
+    CheckArguments(index, site, num_args);
     for (int32_t k = 0; k < site.num_outputs; ++k) {
-      const DLTensor* tensor = AsTensor(site.is_view ? *ret : args[site.num_inputs + k]);
-      if (tensor == nullptr) Fail(Describe(index, k) + " is not a tensor");
+      const DLTensor* tensor = &OutputOf(index, site, k, ret, args);
       const Slot& slot = plan_.slots[site.first_output + k];
       bool same_type = tensor->dtype.code == slot.dtype.code && tensor->dtype.bits == slot.dtype.bits &&
                        tensor->dtype.lanes == slot.dtype.lanes && tensor->ndim == slot.ndim;
@@ -552,23 +564,16 @@ class Session {
         same_type = slot.shape[d] < 0 || slot.shape[d] == tensor->shape[d];  // -1: symbolic
       }
       if (!same_type) Fail(Describe(index, k) + " does not have the shape and dtype compiled for it");
-      if (!ffi::IsContiguous(*tensor)) Fail(Describe(index, k) + " is not contiguous");
       int64_t nbytes = static_cast<int64_t>(ffi::GetDataSize(*tensor));
       int64_t offset = cursor_;
       Reserve(offset + nbytes);
-      const char* src = static_cast<const char*>(tensor->data) + tensor->byte_offset;
-      if (tensor->device.device_type == kDLCPU) {
-        std::memcpy(arena_data_ + offset, src, nbytes);
-      } else {
-        CopyFromDevice(*tensor, arena_data_ + offset, nbytes);
-      }
+      CopyBytes(index, k, *tensor, arena_data_ + offset, nbytes);
       cursor_ = offset + (nbytes + 63) / 64 * 64;
       int64_t* row = layout_data_ + kLayoutWidth * (site.first_output + k);
       row[0] = offset;
       row[1] = nbytes;
       row[2] = tensor->ndim;
       std::copy(tensor->shape, tensor->shape + tensor->ndim, row + 3);
-      stats_data_[kCopiedBytes] += nbytes;
     }
   }
 
