@@ -5,15 +5,30 @@ and per pipeline, and every test reads from them.
 """
 from __future__ import annotations
 
-import pytest
+import os
 
-from tvm_probe.core.schema import PIPELINES
+# pytest-xdist runs the suite in several worker processes (``-n auto`` in setup.cfg).  TVM's CPU
+# thread pool spins while it waits, so two workers each running one thread per core would fight
+# over the cores; one TVM thread (and one torch/OpenMP thread) per worker keeps every core busy
+# with one worker.  Set before any test imports tvm or torch; subprocesses inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for variable in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
+import pytest  # noqa: E402
+
+from tvm_probe.core.schema import PIPELINES  # noqa: E402
 
 # No sys.path entry is added here: pytest's default (prepend) import mode puts tests/ on sys.path to
 # import this file, which is how tests import the ``support`` package.
-from support.session import SERVED_COUNTS
-from tvm_probe import demo
-from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
+from support.session import SERVED_COUNTS  # noqa: E402
+from tvm_probe import demo  # noqa: E402
+from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values  # noqa: E402
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most 4 (each worker holds its own compiled models)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def pytest_terminal_summary(terminalreporter):
