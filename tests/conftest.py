@@ -26,9 +26,23 @@ from tvm_probe import demo  # noqa: E402
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values  # noqa: E402
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core, at most 4 (each worker holds its own compiled models)."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def pytest_sessionfinish(session):
+    """In an xdist worker, hand the served counts to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["served_counts"] = SERVED_COUNTS
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """In the xdist controller: gather the served counts a worker measured."""
+    SERVED_COUNTS.update(getattr(node, "workeroutput", {}).get("served_counts", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
