@@ -126,7 +126,8 @@ def run_vm(mod, pipeline: str, args) -> list[np.ndarray]:
 
     ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline_pass(pipeline))
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args]))
+    # np.require, not ascontiguousarray: that turns a 0-d input (an If's condition, TopK's k) 1-d
+    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.require(a, requirements="C")) for a in args]))
             for _ in range(2)]
     if len(runs[0]) != len(runs[1]) or not all(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
                                                for a, b in zip(*runs)):
