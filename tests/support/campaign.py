@@ -266,6 +266,15 @@ def check_values(outcome: Outcome, probe, reference: Mapping, tvm_value: Callabl
                                  f"{'plain TVM' if theirs is not None else 'the reference'}")
 
 
+def run_plain(case: Case, pipeline: str) -> list[np.ndarray]:
+    """Plain TVM alone on ``case`` (what a crashed case is run again with, in a process of its
+    own, to tell whose crash it was)."""
+    from .campaign_torch import torch_plain
+
+    model, inputs = case.make()
+    return (onnx_plain if case.family == "onnx" else torch_plain)(model, inputs, pipeline)
+
+
 def run_case(case: Case, pipeline: str) -> Outcome:
     """``case`` under ``pipeline``; an exception of the campaign itself is recorded, not raised."""
     from .campaign_torch import run_torch
