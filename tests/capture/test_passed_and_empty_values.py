@@ -22,20 +22,28 @@ from tvm_probe import Probe, compare, load_dump, onnxruntime_values
 from tvm_probe.core.schema import PIPELINES
 
 
-def _branch(name, nodes, out, inits=()):
-    return h.make_graph(nodes, name, [], [tensor(out, FLOAT, [2, 3])], list(inits))
+def _branch(name, nodes, out):
+    return h.make_graph(nodes, name, [], [tensor(out, FLOAT, [2, 3])])
 
 
-def if_model(returned: bool):
-    """``r = If(c, relu(x + 1), x * 2)``; then ``y = tanh(r)``, or (``returned``) ``r`` is the
-    model's output too."""
-    then = _branch("then", [h.make_node("Add", ["x", "one"], ["t1"]), h.make_node("Relu", ["t1"], ["t"])], "t",
-                   [h.make_tensor("one", FLOAT, [], [1.0])])
-    other = _branch("else", [h.make_node("Mul", ["x", "two"], ["e"])], "e", [h.make_tensor("two", FLOAT, [], [2.0])])
-    nodes = [h.make_node("If", ["c"], ["r"], name="if", then_branch=then, else_branch=other),
+def if_model(variant: str):
+    """``r = If(c, relu(x + 1), x * 2)``, then ``y = tanh(r)``; ``returned``: ``r`` is the model's
+    output too; ``constant_branches``: ``r = If(c, 1, 2)`` (no kernel in a branch: the native
+    instrument runs it).  Returns the model and ``r``'s value for ``x`` and ``c``."""
+    const = lambda name, shape, v: h.make_node(  # noqa: E731
+        "Constant", [], [name], value=h.make_tensor(name, FLOAT, shape, [v] * int(np.prod(shape))))
+    if variant == "constant_branches":
+        then, other = [const("t", [2, 3], 1.0)], [const("e", [2, 3], 2.0)]
+        expected = lambda x, c: np.full_like(x, 1.0 if c else 2.0)  # noqa: E731
+    else:
+        then = [const("one", [], 1.0), h.make_node("Add", ["x", "one"], ["t1"]), h.make_node("Relu", ["t1"], ["t"])]
+        other = [const("two", [], 2.0), h.make_node("Mul", ["x", "two"], ["e"])]
+        expected = lambda x, c: np.maximum(x + 1, 0) if c else x * 2  # noqa: E731
+    nodes = [h.make_node("If", ["c"], ["r"], name="if", then_branch=_branch("then", then, "t"),
+                         else_branch=_branch("else", other, "e")),
              h.make_node("Tanh", ["r"], ["y"], name="tanh")]
-    outputs = [tensor("y", FLOAT, [2, 3])] + ([tensor("r", FLOAT, [2, 3])] if returned else [])
-    return model(nodes, [tensor("x", FLOAT, [2, 3]), tensor("c", TensorProto.BOOL, [])], outputs, opset=17)
+    outputs = [tensor("y", FLOAT, [2, 3])] + ([tensor("r", FLOAT, [2, 3])] if variant == "returned" else [])
+    return model(nodes, [tensor("x", FLOAT, [2, 3]), tensor("c", TensorProto.BOOL, [])], outputs, opset=17), expected
 
 
 def check_against_plain_tvm(probe, proto, feeds, pipeline, served):
@@ -50,22 +58,22 @@ def check_against_plain_tvm(probe, proto, feeds, pipeline, served):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("returned", [False, True], ids=["read_by_a_kernel", "returned"])
-def test_an_if_result_is_served_for_either_branch(pipeline, returned, tmp_path):
-    proto = if_model(returned)
+@pytest.mark.parametrize("variant", ["read_by_a_kernel", "returned", "constant_branches"])
+def test_an_if_result_is_served_for_either_branch(pipeline, variant, tmp_path):
+    proto, expected = if_model(variant)
     probe = Probe.from_onnx(proto, pipeline=pipeline)
     x = np.linspace(-2, 2, 6, dtype="float32").reshape(2, 3)
     for cond in (True, False):
         feeds = {"x": x, "c": np.array(cond)}
         got = check_against_plain_tvm(probe, proto, feeds, pipeline, served={"r", "y"})
-        np.testing.assert_allclose(got["r"], np.maximum(x + 1, 0) if cond else x * 2, rtol=1e-6)
+        np.testing.assert_allclose(got["r"], expected(x, cond), rtol=1e-6)
     assert probe.servings["r"].served.value == "passed"
     comparison = compare(probe, onnxruntime_values(proto, feeds))
     assert {"r", "y"} <= {v.key for v in comparison.values if v.passed}
     probe.dump(tmp_path / "dump")
-    np.testing.assert_array_equal(load_dump(tmp_path / "dump").get("r"), x * 2)
+    np.testing.assert_array_equal(load_dump(tmp_path / "dump").get("r"), expected(x, False))
     probe.run(feeds, capture=["r"])  # a selection copies what the value needs
-    np.testing.assert_array_equal(probe.get("r"), x * 2)
+    np.testing.assert_array_equal(probe.get("r"), expected(x, False))
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
