@@ -158,6 +158,7 @@ def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
         f"run by tvm_probe: {sum(1 for o in ran if not o.probe)}; with a problem: {len(failing)}",
         f"- values compared: {sum(o.compared for o in ran)}; equal: {sum(o.equal for o in ran)} "
         f"(of which equal to plain TVM where the reference differs: {sum(o.via_tvm for o in ran)}); "
+        f"held to plain TVM's own value (built with it as an output): {sum(o.against_tvm for o in ran)}; "
         f"unknown (with why): {sum(len(o.unknown) for o in ran)}; dead: {sum(o.dead for o in ran)}; "
         f"served without a reference value: {sum(o.uncompared for o in ran)}; "
         f"wrong or get() raising: {sum(len(o.wrong) for o in ran)}", "",

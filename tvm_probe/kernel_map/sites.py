@@ -104,8 +104,9 @@ def _conditional_numbers(main, values: FunctionValues, functions=None) -> dict[i
     if not any(isinstance(b.value, relax.If) for b in _bindings(main)):
         return {}
     skipped = branch_calls(main, functions).skipped
-    branch_result = ("it is a result of an If that no kernel reads and the model does not return: which branch "
-                     "ran is known only at run time, and tvm_probe does not follow values through If branches")
+    branch_result = ("it is a result of an If that main passes to no kernel call it makes whichever branch ran, "
+                     "and does not return as a tensor: which branch ran is known only at run time, and tvm_probe "
+                     "does not follow values through If branches")
     found, results = {}, if_results(main)
     for b in _bindings(main):
         why = None
