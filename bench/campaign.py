@@ -63,6 +63,35 @@ def _worker(conn, only):
         conn.send(run_case(cases[name], pipeline))
 
 
+def _plain_worker(name, pipeline, only):
+    sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    from support.campaign import run_plain
+
+    case = next(c for c in all_cases(only) if c.name == name)
+    try:
+        run_plain(case, pipeline)
+    except Exception:  # noqa: BLE001, S110 - a Python error of plain TVM: run_case records those itself
+        pass
+
+
+def plain_crashes(name, pipeline, only) -> str:
+    """Why plain TVM alone, in a process of its own, does not finish ``name`` ('' if it does)."""
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_plain_worker, args=(name, pipeline, only), daemon=True)
+    proc.start()
+    proc.join(CASE_TIMEOUT_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return f"plain TVM alone did not finish in {CASE_TIMEOUT_S} s"
+    return f"plain TVM alone crashed: its process died (exit {proc.exitcode})" if proc.exitcode else ""
+
+
 class Worker:
     """A process that runs cases; restarted after a crash or a timeout."""
 
@@ -85,10 +114,14 @@ class Worker:
                 return self.conn.recv()
             except EOFError:
                 pass
+        self.proc.join(60)  # a crash closes the pipe before the process is gone (its handler still prints)
         why = "timed out" if self.proc.is_alive() else f"the process died (exit {self.proc.exitcode})"
         self.proc.kill()
         self.proc.join()
         self.proc = None
+        plain = plain_crashes(case.name, pipeline, self.only)  # whose crash or hang it was
+        if plain:
+            return Outcome(case.name, case.cls, pipeline, plain=plain)
         return Outcome(case.name, case.cls, pipeline, probe=f"campaign worker: {why}")
 
     def stop(self):
@@ -125,6 +158,7 @@ def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
         f"run by tvm_probe: {sum(1 for o in ran if not o.probe)}; with a problem: {len(failing)}",
         f"- values compared: {sum(o.compared for o in ran)}; equal: {sum(o.equal for o in ran)} "
         f"(of which equal to plain TVM where the reference differs: {sum(o.via_tvm for o in ran)}); "
+        f"held to plain TVM's own value (built with it as an output): {sum(o.against_tvm for o in ran)}; "
         f"unknown (with why): {sum(len(o.unknown) for o in ran)}; dead: {sum(o.dead for o in ran)}; "
         f"served without a reference value: {sum(o.uncompared for o in ran)}; "
         f"wrong or get() raising: {sum(len(o.wrong) for o in ran)}", "",

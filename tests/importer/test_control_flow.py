@@ -2,9 +2,10 @@
 
 TVM 0.27's importer converts ``If`` (not ``Loop`` / ``Scan``).  Values outside the branches are
 served as usual and checked against onnxruntime under both pipelines, with both branches taken;
-an If's result is served when both branches end with the same kernel; what tvm_probe cannot
-serve (other If results, calls after an If whose branches call that kernel unequally often,
-values inside a branch) answers one line saying why.
+an If's result is served when both branches end with the same kernel, or where ``main`` passes it
+on (``tests/capture/test_passed_and_empty_values.py``); what tvm_probe cannot serve (an If result
+read only by calls after an If whose branches call that kernel unequally often, as ``z1`` and
+``z2`` here, those calls themselves, values inside a branch) answers one line saying why.
 """
 from __future__ import annotations
 

@@ -8,10 +8,12 @@ module, :mod:`support.campaign_torch`).  :func:`run_case` runs it under one pipe
    TVM cannot build or run is recorded as such and goes no further (not ours to run);
 2. **tvm_probe**: ``Probe.from_onnx`` / ``Probe.from_torch`` with the same pipeline, one run;
    its outputs must equal plain TVM's;
-3. **every value**: a served value is compared with onnxruntime's (eager torch's) value of that
-   tensor; where they differ, with plain TVM built with every tensor as an extra output (the
-   differential check: TVM's own value, whatever onnxruntime says).  An unknown value must say
-   why in one line; ``get`` must never raise anything but that explicit unknown.
+3. **every value**: a served value is compared with plain TVM's value of that tensor, from plain
+   TVM built with every tensor as an extra output (an ONNX graph with every node output a graph
+   output; a torch.export program whose output node returns every intermediate tensor too): the
+   differential check, TVM's own value whatever the reference says; and with onnxruntime's (eager
+   torch's), which is what decides where plain TVM cannot give that value.  An unknown value must
+   say why in one line; ``get`` must never raise anything but that explicit unknown.
 
 The result is an :class:`Outcome` (plain data) whose :attr:`Outcome.problems` are empty when
 tvm_probe did everything right.  ``bench/campaign.py`` runs all cases and writes
@@ -52,6 +54,7 @@ class Outcome:
     compared: int = 0      # served values compared
     equal: int = 0         # ... equal to the reference (onnxruntime / eager) or to plain TVM
     via_tvm: int = 0       # ... of which equal to plain TVM only (the reference differs from TVM)
+    against_tvm: int = 0   # ... of which plain TVM gave its value (built with it as an output)
     dead: int = 0          # values no output depends on (unavailable)
     uncompared: int = 0    # served, but neither the reference nor plain TVM gives that value
     unknown: dict = field(default_factory=dict)  # key → why (one line)
@@ -126,7 +129,8 @@ def run_vm(mod, pipeline: str, args) -> list[np.ndarray]:
 
     ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline_pass(pipeline))
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args]))
+    # np.require, not ascontiguousarray: that turns a 0-d input (an If's condition, TopK's k) 1-d
+    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.require(a, requirements="C")) for a in args]))
             for _ in range(2)]
     if len(runs[0]) != len(runs[1]) or not all(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
                                                for a, b in zip(*runs)):
@@ -204,16 +208,20 @@ def run_onnx(case: Case, pipeline: str) -> Outcome:
         outcome.probe = one_line(err)
         return outcome
     _check_outputs(outcome, [got[o.name] for o in model.graph.output if o.name in got], plain)
-    reference = ort_values(model, inputs)
-    own = {}  # plain TVM's values, built only when a value differs from onnxruntime's
-
-    def tvm_value(key):
-        if not own:
-            own.update(tvm_values(model, inputs, pipeline) or {"": None})
-        return own.get(key)
-
-    check_values(outcome, probe, reference, tvm_value)
+    check_values(outcome, probe, ort_values(model, inputs), lazy(lambda: tvm_values(model, inputs, pipeline)))
     return outcome
+
+
+def lazy(build: Callable[[], dict]) -> Callable:
+    """``key → value`` of the dict ``build()`` makes, made at the first call (a model with
+    nothing served builds nothing)."""
+    made: list[dict] = []
+
+    def value(key):
+        if not made:
+            made.append(build())
+        return made[0].get(key)
+    return value
 
 
 def _check_outputs(outcome: Outcome, got: list, plain: list) -> None:
@@ -227,8 +235,9 @@ def _check_outputs(outcome: Outcome, got: list, plain: list) -> None:
 
 
 def check_values(outcome: Outcome, probe, reference: Mapping, tvm_value: Callable) -> None:
-    """Every value ``probe`` holds: served ones against ``reference`` (or ``tvm_value(key)``,
-    plain TVM's, where the reference lacks or differs), unknown ones with their one-line why."""
+    """Every value ``probe`` holds: served ones against ``tvm_value(key)`` (plain TVM's, built with
+    that value as an output; None where it cannot give it) and ``reference`` (onnxruntime's, eager
+    torch's: what decides where plain TVM gives nothing), unknown ones with their one-line why."""
     from tvm_probe.core.sources import Kind, Served
 
     for value in probe.sources_map:
@@ -249,20 +258,31 @@ def check_values(outcome: Outcome, probe, reference: Mapping, tvm_value: Callabl
         if served is Served.UNKNOWN:
             outcome.wrong.append(f"{key}: answers a value although it is unknown")
             continue
-        outcome.compared += 1
-        if key in reference and same(got, reference[key]):
-            outcome.equal += 1
-            continue
-        theirs = tvm_value(key)
-        if theirs is not None and same(got, theirs):
-            outcome.equal += 1
-            outcome.via_tvm += 1
-        elif theirs is None and key not in reference:
-            outcome.compared -= 1
+        theirs, ref = tvm_value(key), reference.get(key)
+        if theirs is None and ref is None:
             outcome.uncompared += 1
+            continue
+        outcome.compared += 1
+        outcome.against_tvm += theirs is not None
+        as_ref = ref is not None and same(got, ref)
+        if theirs is not None and not same(got, theirs):
+            outcome.wrong.append(f"{key}: served as {served.value}, differs from plain TVM's value (built with it "
+                                 f"as an output){', although equal to the reference' if as_ref else ''}")
+        elif theirs is None and not as_ref:
+            outcome.wrong.append(f"{key}: served as {served.value}, differs from the reference (plain TVM gives "
+                                 "no value to compare with)")
         else:
-            outcome.wrong.append(f"{key}: served as {served.value}, differs from "
-                                 f"{'plain TVM' if theirs is not None else 'the reference'}")
+            outcome.equal += 1
+            outcome.via_tvm += ref is not None and not as_ref
+
+
+def run_plain(case: Case, pipeline: str) -> list[np.ndarray]:
+    """Plain TVM alone on ``case`` (what a crashed case is run again with, in a process of its
+    own, to tell whose crash it was)."""
+    from .campaign_torch import torch_plain
+
+    model, inputs = case.make()
+    return (onnx_plain if case.family == "onnx" else torch_plain)(model, inputs, pipeline)
 
 
 def run_case(case: Case, pipeline: str) -> Outcome:

@@ -24,10 +24,11 @@ OPSET = 17
 
 @functools.lru_cache(maxsize=1)
 def converted_ops() -> frozenset:
-    """The op types TVM 0.27's ONNX frontend converts (its converter table)."""
+    """The op types TVM 0.27's ONNX frontend converts (its converter table, and ``If``, which it
+    converts itself)."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    return frozenset(onnx_frontend._get_convert_map())
+    return frozenset(onnx_frontend._get_convert_map()) | {"If"}
 
 
 @functools.lru_cache(maxsize=1)

@@ -124,6 +124,10 @@ class NativePlan:
         for symbol, count in getattr(km, "fixed_helpers", {}).items():
             sites += [native.NativeSite(symbol, False, 0)] * count
         self.num_native_sites = len(sites)
+        if self.slots and not offset:
+            # every copied output is empty (a Slice past the end): still an arena, or the run
+            # would hand over no outputs at all, and an empty tensor is a value like any other
+            offset = native.ALIGN
         self.session = lib.open(native.encode_plan(sites, offset, sync_device=sync_device))
         self.instrument = self.session.instrument()
         self.own_arena = not lib.can_call_back  # remote: the session's own arena, downloaded

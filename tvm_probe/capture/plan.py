@@ -42,8 +42,10 @@ class CapturePlanner:
 
     def __init__(self, kernel_map: KernelMap, names):
         self._km, self._names = kernel_map, names
+        passed = {p.site for p in kernel_map.places.values() if p.kind is PlaceKind.ARGUMENT}
         self._untracked_all = frozenset(s.index for s in kernel_map.sites
-                                        if s.group and any(a.kind is ArgKind.UNTRACKED for a in s.args))
+                                        if (s.group or s.index in passed)
+                                        and any(a.kind is ArgKind.UNTRACKED for a in s.args))
         self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
         self._any_interior = any(p.kind is PlaceKind.INTERIOR for p in kernel_map.places.values())
         self._everything = CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None
@@ -78,6 +80,8 @@ class CapturePlanner:
                 continue
             if place.kind is PlaceKind.OUTPUT:
                 outputs.add(place.site)
+            elif place.kind is PlaceKind.ARGUMENT:  # (an If's result: the input of the call reading it)
+                untracked.add(place.site)
             elif place.kind is PlaceKind.INTERIOR:
                 site = km.sites[place.site]
                 outputs |= {a.node for a in site.args if a.kind is ArgKind.NODE}

@@ -30,6 +30,8 @@ class Served(str, Enum):
     CAPTURED = "captured"      # a kernel output copied while the model ran
     VIEW = "view"              # a zero-copy builtin view (reshape) copied while the model ran
     RECOMPUTED = "recomputed"  # kept inside a fused kernel; recomputed from its captured inputs
+    PASSED = "passed"          # computed outside any kernel (an If's result, whichever branch ran):
+                               # copied where the VM passes it on, into a kernel or out as an output
     UNAVAILABLE = "unavailable"  # dead code: no model output depends on it in the source graph
     UNKNOWN = "unknown"        # live, but tvm_probe cannot tell where the compiled module holds it
 

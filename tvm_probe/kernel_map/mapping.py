@@ -41,9 +41,10 @@ from .sites import (
     call_sites,
     fixed_helper_calls,
     helper_symbols,
+    if_results,
     subroutines,
 )
-from .types import _KERNEL_OPS, GroupPlan, KernelMap, Place, PlaceKind
+from .types import _KERNEL_OPS, ArgKind, GroupPlan, KernelMap, Place, PlaceKind
 from .valuenum import FunctionValues, ValueNumbering, shape_dims
 
 
@@ -59,6 +60,8 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     runtime = vn.main(snapshots.post_fusion if fused else snapshots.call_graph, inline=fused)
     numbers, untrusted = _site_numbers(vn, runtime, snapshots, site_vars)
     by_number = _runtime_places(vn, runtime, sites, site_vars, numbers, len(main.params))
+    for number, place in _passed_places(runtime, sites, if_results(main)).items():
+        by_number.setdefault(number, place)  # (a kernel output wins: an If that ends in a call site)
     stages = [(name, vn.main(mod)) for name, mod in (("imported", imported.mod), ("before FoldConstant",
               snapshots.pre_fold), ("before FuseOps", snapshots.pre_fusion)) if mod is not None]
     follower = _Follower(stages + [("after FuseOps" if fused else "compiled", runtime)],
@@ -69,6 +72,7 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
     dims = _input_dims(imported.mod["main"])
     overwritten = imported.overwritten
     shape_values = _shape_values(imported.mod["main"], dims)
+    returned = {key: k for k, key in enumerate(imported.sources.model_outputs)}
     for key, var in _var_of_key(imported).items():
         if var in dims:  # a value that is a symbolic dimension (Shape → Gather of dynamic axes)
             kmap.places[key] = dims[var]
@@ -80,6 +84,12 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
         place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
+        elif trace.number in conditional and key in returned and _is_tensor(var):  # the VM returns it
+            kmap.places[key] = Place(PlaceKind.RETURNED, output=returned[key])
+        elif trace.number in conditional and key in returned:
+            kmap.lost[key] = ("it is a sequence (a tuple of tensors) an If returns: tvm_probe serves an If's "
+                              "result as the model returns it only when it is one tensor")
+            kmap.known_limits.add(key)
         else:
             kmap.lost[key] = conditional.get(trace.number, why)
             if trace.number in conditional:
@@ -328,6 +338,19 @@ def _runtime_places(vn, runtime, sites, site_vars, numbers, num_params) -> dict[
     return places
 
 
+def _passed_places(runtime, sites, results: dict) -> dict[int, Place]:
+    """Value number → ARGUMENT place, for each If result (``results``: Vars of the compiled
+    ``main``) that a call site takes as an input: the VM hands the branch's value to that call,
+    which the instruments copy before it runs (an untracked input)."""
+    places: dict[int, Place] = {}
+    for site in sites:
+        for j, expr in enumerate(site.call_args):
+            if j < len(site.args) and site.args[j].kind is ArgKind.UNTRACKED and expr in results \
+                    and _is_tensor(expr) and runtime.of_var.get(expr) is not None:
+                places.setdefault(runtime.of_var[expr], Place(PlaceKind.ARGUMENT, site=site.index, output=j))
+    return places
+
+
 def _name_sites(kmap: KernelMap, sources) -> None:
     """Fill each site's ``output_keys`` / ``interior_keys`` in source order."""
     for value in sources:
@@ -467,4 +490,6 @@ def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_in
         return Serving(Served.VIEW if kmap.sites[place.site].is_view else Served.CAPTURED, num_inputs + place.site)
     if place.kind is PlaceKind.INTERIOR:
         return Serving(Served.RECOMPUTED, num_inputs + place.site)
+    if place.kind in (PlaceKind.ARGUMENT, PlaceKind.RETURNED):
+        return Serving(Served.PASSED)
     return Serving(Served.FOLDED)

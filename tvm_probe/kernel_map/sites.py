@@ -104,14 +104,13 @@ def _conditional_numbers(main, values: FunctionValues, functions=None) -> dict[i
     if not any(isinstance(b.value, relax.If) for b in _bindings(main)):
         return {}
     skipped = branch_calls(main, functions).skipped
-    branch_result = ("it is a result of an If: which branch ran is known only at run time, and tvm_probe "
+    branch_result = ("it is a result of an If that main passes to no kernel call it makes whichever branch ran, "
+                     "and does not return as a tensor: which branch ran is known only at run time, and tvm_probe "
                      "does not follow values through If branches")
-    found, results = {}, set()
+    found, results = {}, if_results(main)
     for b in _bindings(main):
-        value, why = b.value, None
-        if isinstance(value, relax.If) or (isinstance(value, relax.TupleGetItem) and value.tuple_value in results) \
-                or (isinstance(value, relax.Var) and value in results):
-            results.add(b.var)
+        why = None
+        if b.var in results:
             why = branch_result
         elif b.var in skipped:
             why = (f"kernel '{skipped[b.var]}' computes it after an If whose branches call that kernel unequally "
@@ -120,6 +119,21 @@ def _conditional_numbers(main, values: FunctionValues, functions=None) -> dict[i
         if number is not None:
             found.setdefault(number, why)
     return found
+
+
+def if_results(main) -> dict:
+    """The Vars of ``main`` bound to the result of an ``If`` (its items, when it is a tuple, and
+    aliases of either), as keys of a dict in binding order: values the VM computes outside any
+    kernel call, in whichever branch ran."""
+    from tvm import relax
+
+    results: dict = {}
+    for b in _bindings(main):
+        value = b.value
+        if isinstance(value, relax.If) or (isinstance(value, relax.TupleGetItem) and value.tuple_value in results) \
+                or (isinstance(value, relax.Var) and value in results):
+            results[b.var] = True
+    return results
 
 
 def _kernel_symbol(call) -> str:

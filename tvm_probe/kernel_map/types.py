@@ -43,6 +43,10 @@ class PlaceKind(str, Enum):
     SHAPE = "shape"        # a symbolic dimension: a size of a model input (``output`` is the axis)
     DIMS = "dims"          # a shape or scalar value built from input sizes (``inner``: formulas,
                            # see kernel_map.shape_values; ``output`` 1 for a scalar)
+    ARGUMENT = "argument"  # a value no kernel outputs but one reads (an If's result): input
+                           # ``output`` of call site ``site``, copied before that call
+    RETURNED = "returned"  # a value no kernel outputs that the model returns (an If's result):
+                           # model output ``output``, as the VM returned it
 
 
 @dataclass(frozen=True)

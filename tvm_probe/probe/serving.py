@@ -53,6 +53,14 @@ class ValueServer:
             return folded[key]
         if served in (Served.CAPTURED, Served.VIEW):
             return self.site_output(capture, place.site, place.output, value.display_name)
+        if served is Served.PASSED:  # an If's result: where the VM passed it on
+            if place.kind is PlaceKind.RETURNED:
+                return as_numpy(capture.result[place.output])
+            held = capture.untracked_inputs.get(place.site, {})
+            if place.output not in held:
+                raise NotCapturedError(f"{value.display_name!r} was not captured by the last run: add it to "
+                                       "run(..., capture=[...]) or use capture='all'")
+            return held[place.output]
         if served is Served.RECOMPUTED:
             if key not in computed:
                 computed.update(self.kept_inside(capture, self.kernel_map.sites[place.site], key))

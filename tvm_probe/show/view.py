@@ -125,7 +125,7 @@ def kernel_group(node) -> str:
 
 
 _OUTSIDE = {Served.FOLDED: "folded", Served.CONSTANT: "constant", Served.UNAVAILABLE: "dead code",
-            Served.UNKNOWN: "unknown", Served.SHAPE: "shape", Served.INPUT: "inputs"}
+            Served.UNKNOWN: "unknown", Served.SHAPE: "shape", Served.INPUT: "inputs", Served.PASSED: "passed"}
 
 
 def value_facts(results, comparison=None) -> dict[str, ValueFacts]:
