@@ -50,9 +50,14 @@ def test_three_way_split(bert12):
 def test_balance_proposes_layer_boundary_cuts(bert12):
     model, inputs, _ = bert12
     assert len(layer_boundaries(model)) == 12
-    cuts, evenness = balance(model, 1, inputs, runs=1)
+    # The cut follows measured kernel times, which another process on the machine can disturb (the
+    # suite runs in parallel workers): medians of 3 runs, and a cut anywhere in the middle half of
+    # 12 equal layers, rather than a bound on the evenness of one noisy run.
+    cuts, evenness = balance(model, 1, inputs, runs=3)
     assert len(cuts) == 1 and cuts[0].startswith("tf_bert_for_sequence_classification/bert/encoder/layer_._")
-    assert 1.0 <= evenness < 1.5
+    layer = int(cuts[0].split("layer_._")[1].split("/")[0])
+    assert 3 <= layer <= 8, cuts
+    assert evenness >= 1.0
 
 
 @pytest.mark.parametrize("cuts, message", [
