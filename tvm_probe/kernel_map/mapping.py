@@ -229,7 +229,8 @@ class _Follower:
         if self.names[stage - 1].get(var.name) != 1 or self.names[stage].get(var.name) != 1:
             return None
         other = self.named[stage][var.name]
-        return other if _same_type(var.ty, other.ty, self.input_symbols) else None
+        sizes = _sizes_of_run(other, self.stages[stage][1].bound.get(other))
+        return other if _same_type(var.ty, other.ty, self.input_symbols, sizes) else None
 
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
@@ -255,20 +256,39 @@ class _Follower:
         return _Trace(number=number)
 
 
-def _same_type(a, b, input_symbols) -> bool:
-    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`);
-    a size of ``b`` known only at run time (a symbol the model inputs do not define: what a
-    data-dependent op such as NonMaxSuppression produced, matched after it) equals any size."""
+def _sizes_of_run(var, value) -> list:
+    """The sizes a run that computes ``var`` (bound to ``value``) gives tensors: those of its own
+    type and of the Vars its value reads (``lv1 = lv[0]`` exists only where the call ``lv`` ran):
+    none of them is below zero in any run."""
+    from tvm import relax
+
+    types = [var.ty] + ([v.ty for v in relax.analysis.free_vars(value)] if value is not None else [])
+    return [d for ty in types for d in _all_dims(ty)]
+
+
+def _all_dims(ty) -> list:
+    """Every size of a Relax type (tuple fields in turn)."""
+    fields = getattr(ty, "fields", None)
+    if fields is not None:
+        return [d for f in fields for d in _all_dims(f)]
+    return list(shape_dims(ty) or ())
+
+
+def _same_type(a, b, input_symbols, sizes_of_run=()) -> bool:
+    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`, at
+    the sizes where ``sizes_of_run`` say ``b`` can be computed); a size of ``b`` known only at
+    run time (a symbol the model inputs do not define: what a data-dependent op such as
+    NonMaxSuppression produced, matched after it) equals any size."""
     fields_a, fields_b = getattr(a, "fields", None), getattr(b, "fields", None)
     if fields_a is not None or fields_b is not None:
         return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
-                and all(_same_type(x, y, input_symbols) for x, y in zip(fields_a, fields_b)))
+                and all(_same_type(x, y, input_symbols, sizes_of_run) for x, y in zip(fields_a, fields_b)))
     dims_a, dims_b = shape_dims(a), shape_dims(b)
     if type(a) is not type(b) or str(getattr(a, "dtype", "")) != str(getattr(b, "dtype", "")) \
             or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
         return False
     fixed = [(x, y) for x, y in zip(dims_a, dims_b) if not _runtime_size(y, input_symbols)]
-    return same_sizes([x for x, _ in fixed], [y for _, y in fixed])
+    return same_sizes([x for x, _ in fixed], [y for _, y in fixed], sizes_of_run)
 
 
 def _runtime_size(dim, input_symbols) -> bool:
