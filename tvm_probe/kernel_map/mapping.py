@@ -77,6 +77,9 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             kmap.places[key] = shape_values[var]
             continue
         trace = follower.follow(var)
+        if key in imported.sources.sequences:  # its elements are the values placed
+            _place_elements(kmap, imported.sources.sequences[key], trace, by_number, vn.terms, untrusted)
+            continue
         place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
@@ -86,10 +89,6 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
                 kmap.known_limits.add(key)
             elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
                 kmap.lost[key] = f"{overwritten[key]}: {why}"
-                kmap.known_limits.add(key)
-            elif _is_tuple(var):
-                kmap.lost[key] = ("it is a sequence (a tuple of tensors): tvm_probe serves the tensors in it "
-                                  "(the values of the ops that take them out), not the sequence as one value")
                 kmap.known_limits.add(key)
     for key, expr in getattr(imported, "shape_values", {}).items():
         _place_shape_value(kmap, key, expr, dims, imported.sources)
@@ -133,6 +132,23 @@ def _locate(trace, by_number, terms, untrusted, pre_fold) -> tuple[Place | None,
     if trace.number is not None:
         return None, "the compiled module computes it outside any kernel call"
     return None, f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
+
+
+def _place_elements(kmap: KernelMap, elements: list[str], trace, by_number, terms, untrusted) -> None:
+    """Each element of a followed sequence (a tuple value) where the compiled module holds it:
+    element ``k`` has the number of item ``k`` of the tuple (a kernel's output ``k``, or the
+    value a tuple literal holds there)."""
+    for k, key in enumerate(elements):
+        if trace.number is None:
+            kmap.lost[key] = (f"it is element {k} of a sequence that was lost between the module "
+                              f"{trace.lost_after} and the one {trace.lost_before}")
+            continue
+        item = _Trace(number=terms.tuple_item(trace.number, k))
+        place, why = _locate(item, by_number, terms, untrusted, None)
+        if place is not None:
+            kmap.places[key] = place
+        else:
+            kmap.lost[key] = f"it is element {k} of a sequence, and {why}"
 
 
 def _shape_values(main, dims: dict) -> dict:
@@ -466,9 +482,26 @@ def classify(sources, kmap: KernelMap, num_inputs: int) -> Servings:
     servings = {}
     for value in sources:
         servings[value.key] = serving = _serving(value, kmap.places.get(value.key), kmap, live, input_index, num_inputs)
-        if serving.served is Served.UNKNOWN and value.key not in kmap.lost:
+        if serving.served is Served.UNKNOWN and value.key not in kmap.lost and value.key not in sources.sequences:
             kmap.lost[value.key] = "TVM's importer produced no run-time value for it"
+    for key, elements in sources.sequences.items():
+        servings[key] = _sequence_serving(key, elements, servings, kmap)
     return servings
+
+
+def _sequence_serving(key: str, elements: list[str], servings: Servings, kmap: KernelMap) -> Serving:
+    """A sequence is served when each of its elements is (``get`` answers them all, in order);
+    else it is as unknown (or dead) as its first element that is not served, for that reason."""
+    for k, element in enumerate(elements):
+        served = servings[element].served
+        if served in (Served.UNKNOWN, Served.UNAVAILABLE):
+            if served is Served.UNKNOWN:
+                kmap.lost[key] = f"its element {k} is unknown: {kmap.lost.get(element, 'no place found')}"
+                if element in kmap.known_limits:
+                    kmap.known_limits.add(key)
+            return Serving(served)
+    kmap.lost.pop(key, None)
+    return Serving(Served.SEQUENCE, servings[elements[0]].node_index if elements else -1)
 
 
 def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_inputs: int) -> Serving:

@@ -434,7 +434,8 @@ class Probe(Constructors, Results, Viewable):
                 ``include_weights``, ``recomputed``, ``timings``, ``metadata``).
 
         Returns:
-            The model outputs, by output tensor name.
+            The model outputs, by output tensor name (a sequence output as a list of arrays, its
+            elements in order, as plain TVM returns it as a tuple).
         """
         if len(self._functions) > 1 or isinstance(self.imported, FunctionModel):
             self._check_runnable()
@@ -456,7 +457,7 @@ class Probe(Constructors, Results, Viewable):
         finally:
             if build is not None:
                 join_build(build)
-        return dict(zip(self.imported.sources.model_outputs, self._capture.result))
+        return self.imported.sources.output_values(self._capture.result)
 
     def _check_runnable(self) -> None:
         """run() feeds arrays to ``main``; a function taking objects or held weights needs call()."""

@@ -84,6 +84,9 @@ def verify(probe, inputs) -> Verification:
         if served in (Served.UNAVAILABLE, Served.UNKNOWN):
             out.unchecked[value.key] = f"not served ({served.value})"
             continue
+        if served is Served.SEQUENCE:
+            out.unchecked[value.key] = "a sequence: its elements are checked, each a value of its own"
+            continue
         if value.key not in reference:
             out.unchecked[value.key] = "the unfused build holds no run-time value for it"
             continue
