@@ -300,6 +300,11 @@ def _same_type(a, b, input_symbols, sizes_of_run=()) -> bool:
         return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
                 and all(_same_type(x, y, input_symbols, sizes_of_run) for x, y in zip(fields_a, fields_b)))
     dims_a, dims_b = shape_dims(a), shape_dims(b)
+    if dims_a is None and dims_b is not None and type(a) is type(b) and str(getattr(a, "dtype", "")) == str(
+            getattr(b, "dtype", "")) and getattr(a, "ndim", -1) == len(dims_b):
+        # sizes the import left unknown (``R.Tensor(ndim=3)``: a Slice with run-time bounds) that
+        # legalization names with symbols of their own, all known only at run time
+        return all(_runtime_size(d, input_symbols) for d in dims_b)
     if type(a) is not type(b) or str(getattr(a, "dtype", "")) != str(getattr(b, "dtype", "")) \
             or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
         return False
