@@ -28,7 +28,8 @@ NAMED = ("onnx/extra/unknown_rank_reshape_relu", "onnx/extra/split3_dyn", "onnx/
          "onnx/extra/shape_gather_concat_reshape_dyn", "torch/inplace_input_add_", "onnx/test_nonzero_example",
          "onnx/extra/unknown_rank_shape", "onnx/test_shape", "torch/return_none", "torch/masked_select",
          "torch/one_hot", "onnx/test_split_to_sequence_2@const", "onnx/test_split_to_sequence_2@dyn",
-         "onnx/test_split_variable_parts_2d_opset18@dyn", "onnx/test_slice")
+         "onnx/test_split_variable_parts_2d_opset18@dyn", "onnx/test_slice",
+         "onnx/test_slice_start_out_of_bounds@const")
 
 
 # drawn by draw_sample(SEED) and written down, so that collecting the tests builds no case

@@ -144,8 +144,10 @@ class NativePlan:
         into an arena of its own (remote, dynamic).
 
         """
-        if not self.arena_bytes or self.own_arena:
+        if self.own_arena:
             return None, 0
+        if not self.arena_bytes:  # nothing to copy; or only empty tensors (a Slice of size 0): no bytes
+            return (np.empty(0, dtype=np.uint8) if self.slots else None), 0
         pool = self._pool
         for entry in pool:
             if _references(entry[0]) == entry[1]:
