@@ -82,3 +82,29 @@ def test_uneven_split_parts_on_a_symbolic_length_are_served(pipeline):
     for key in ("r", "a", "b", "nb"):
         assert probe.served(key) not in ("unknown", "unavailable"), probe.kernel_map.lost.get(key)
         np.testing.assert_allclose(probe.get(key), reference[key], rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_sequence_of_weights_is_served_where_the_pipeline_folds_it(pipeline):
+    """SplitToSequence of a weight, one element taken out (SequenceAt) and added to the input:
+    ``fused`` folds the sequence (FoldConstant), ``default`` computes it; each element and the
+    sequence are served either way (``get`` once raised AttributeError on a folded tuple)."""
+    nodes = [h.make_node("Relu", ["w"], ["rw"], name="relu"),
+             h.make_node("SplitToSequence", ["rw", "sizes"], ["seq"], name="to_seq", axis=0),
+             h.make_node("SequenceAt", ["seq", "pos"], ["part"], name="at"),
+             h.make_node("Add", ["part", "x"], ["y"], name="add")]
+    weight = np.linspace(-1, 2, 12).astype("float32").reshape(6, 2)
+    proto = model(nodes, [tensor("x", FLOAT, [2, 2])], [tensor("y", FLOAT, [2, 2])],
+                  [h.make_tensor("w", TensorProto.FLOAT, [6, 2], weight.ravel()),
+                   h.make_tensor("sizes", TensorProto.INT64, [3], [1, 2, 3]),
+                   h.make_tensor("pos", TensorProto.INT64, [], [1])])
+    x = np.ones((2, 2), "float32")
+    reference = onnxruntime_values(proto, {"x": x})
+    probe = Probe.from_onnx(proto, pipeline=pipeline)
+    outputs = probe.run({"x": x})
+    np.testing.assert_allclose(outputs["y"], plain_tvm_outputs(proto, {"x": x}, pipeline)[0], rtol=1e-6)
+    assert probe.served("seq") == "sequence"
+    assert_lists_equal(probe.get("seq"), reference["seq"], "get")
+    comparison = compare(probe, reference)
+    assert not comparison.failed and not comparison.unchecked
+    assert {v.key for v in comparison.values} >= {"seq[0]", "seq[1]", "seq[2]", "part", "y"}
