@@ -44,6 +44,7 @@ def test_a_sequence_is_returned_served_dumped_and_compared_as_one_value(pipeline
     assert list(outputs) == ["seq"]
     assert_lists_equal(outputs["seq"], plain, "output vs plain TVM")
     assert_lists_equal(outputs["seq"], reference["seq"], "output vs onnxruntime")
+    assert list(probe.last_transfer_us["outputs"]) == ["seq"]
 
     assert probe.served("seq") == "sequence"
     assert_lists_equal(probe.get("seq"), reference["seq"], "get")

@@ -344,11 +344,13 @@ class Probe(Constructors, Results, Viewable):
     @property
     def last_transfer_us(self) -> dict[str, dict[str, float]] | None:
         """Microseconds the last :meth:`run` spent moving each model input to the device
-        (``"inputs"``) and each model output back (``"outputs"``), by name; None before a run."""
+        (``"inputs"``) and each model output back (``"outputs"``, a sequence's elements
+        together), by name; None before a run."""
         if self._capture is None:
             return None
+        outputs = self.imported.sources.output_values(self._capture.output_us)
         return {"inputs": dict(zip((s.name for s in self.imported.inputs), self._capture.input_us)),
-                "outputs": dict(zip(self.imported.sources.model_outputs, self._capture.output_us))}
+                "outputs": {k: sum(t) if isinstance(t, list) else t for k, t in outputs.items()}}
 
     @property
     def remote(self) -> str | None:
