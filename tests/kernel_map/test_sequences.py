@@ -109,3 +109,29 @@ def test_a_sequence_of_weights_is_served_where_the_pipeline_folds_it(pipeline):
     comparison = compare(probe, reference)
     assert not comparison.failed and not comparison.unchecked
     assert {v.key for v in comparison.values} >= {"seq[0]", "seq[1]", "seq[2]", "part", "y"}
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_sequences_built_of_values_are_served(pipeline):
+    """SequenceConstruct of an input and a Relu, SequenceInsert of an Exp, ConcatFromSequence:
+    TVM's import holds each sequence as a tuple literal (no Var); its elements are the values in
+    it.  (Where the compiled module drops an element no output needs, it is unknown, saying so.)"""
+    nodes = [h.make_node("Relu", ["y"], ["r"], name="relu"),
+             h.make_node("SequenceConstruct", ["x", "r"], ["s"], name="construct"),
+             h.make_node("Exp", ["x"], ["e"], name="exp"),
+             h.make_node("SequenceInsert", ["s", "e"], ["s2"], name="insert"),
+             h.make_node("ConcatFromSequence", ["s2"], ["a"], name="concat", axis=0),
+             h.make_node("Neg", ["a"], ["o"], name="neg")]
+    proto = model(nodes, [tensor("x", FLOAT, [2, 3]), tensor("y", FLOAT, [2, 3])], [tensor("o", FLOAT, [6, 3])])
+    feeds = {"x": np.linspace(-1, 1, 6).astype("float32").reshape(2, 3),
+             "y": np.linspace(2, -2, 6).astype("float32").reshape(2, 3)}
+    reference = onnxruntime_values(proto, feeds)
+    probe = Probe.from_onnx(proto, pipeline=pipeline)
+    outputs = probe.run(feeds)
+    np.testing.assert_allclose(outputs["o"], plain_tvm_outputs(proto, feeds, pipeline)[0], rtol=1e-6)
+    for name in ("s", "s2"):
+        assert probe.served(name) == "sequence"
+        assert_lists_equal(probe.get(name), reference[name], name)
+    comparison = compare(probe, reference)
+    assert not comparison.failed and not comparison.unchecked
+    assert {v.key for v in comparison.values} >= {"s[0]", "s[1]", "s2[2]", "a", "o"}

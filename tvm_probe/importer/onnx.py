@@ -460,6 +460,9 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 value.shape, value.dtype = tensor_info(expr)
                 var_keys.setdefault(expr, []).append(out)
                 _add_sequence_elements(sources, value, expr, record)
+            elif isinstance(expr, relax.Tuple):  # SequenceConstruct, SequenceInsert...: a tuple literal
+                _add_sequence_literal(sources, value, expr, record, var_keys, constants)
+                continue
             elif isinstance(expr, relax.Call):
                 value.shape, value.dtype = tensor_info(expr)  # never used: the import drops it
             else:
@@ -492,7 +495,7 @@ def _add_sequence_elements(sources, value, expr, record) -> None:
     elements: each element ``seq[k]`` is a source value of its own (the kernel map places it,
     a dump stores it), added right after the sequence; ``sources.sequences`` lists them, so
     that ``get(seq)`` answers every element."""
-    fields = getattr(expr.ty, "fields", None)
+    fields = getattr(getattr(expr, "ty", None), "fields", None)
     if fields is None:
         return
     keys = [f"{value.key}[{k}]" for k in range(len(fields))]
@@ -505,6 +508,27 @@ def _add_sequence_elements(sources, value, expr, record) -> None:
                                 num_outputs=value.num_outputs, topo_index=value.topo_index,
                                 inputs=value.inputs, shape=shape, dtype=dtype, modules=value.modules))
     sources.sequences[value.key] = keys
+
+
+def _add_sequence_literal(sources, value, expr, record, var_keys: dict, constants) -> None:
+    """A sequence TVM's import holds as a tuple literal (SequenceConstruct, SequenceInsert,
+    SequenceEmpty: bound to no Var): a value made of its elements, each ``seq[k]`` tagged with
+    the Var (or holding the constant) in its place, as :func:`_add_sequence_elements`.  Left out
+    (as before: no value) when an element is anything else."""
+    from tvm import relax
+
+    fields = list(expr.fields)
+    consts = [None if isinstance(f, relax.Var) else const_value(f) for f in fields]
+    if any(not isinstance(f, relax.Var) and c is None for f, c in zip(fields, consts)):
+        return
+    value.kind = Kind.VALUE
+    _add_sequence_elements(sources, value, expr, record)
+    for key, field, const in zip(sources.sequences.get(value.key, ()), fields, consts):
+        if const is not None:
+            sources[key].kind = Kind.CONSTANT
+            constants[key] = const
+        else:
+            var_keys.setdefault(field, []).append(key)
 
 
 def _add_shape_value(sources, shape_values: dict, value, expr, shape: tuple) -> None:
