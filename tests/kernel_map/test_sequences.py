@@ -57,6 +57,9 @@ def test_a_sequence_is_returned_served_dumped_and_compared_as_one_value(pipeline
     assert not comparison.failed
     assert {v.key for v in comparison.values} >= {"r", "seq[0]", "seq[1]", "seq[2]"}
 
+    verification = probe.verify({"x": x})  # (the unfused build finds the static sequence's elements)
+    assert verification and verification.checked >= (4 if length == 6 else 1), verification.summary()
+
     dump = load_dump(probe.dump(tmp_path / "dump"))
     assert dump.served("seq") == "sequence"
     assert_lists_equal(dump.get("seq"), reference["seq"], "dump")
