@@ -91,6 +91,8 @@ def reason_class(text: str) -> str:
 
 # -- comparing ---------------------------------------------------------------------------------
 def same(a, b) -> bool:
+    if isinstance(a, list) or isinstance(b, list):  # sequences: element by element
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
@@ -165,7 +167,9 @@ def with_all_outputs(model):
 
 
 def ort_values(model, inputs) -> dict[str, np.ndarray]:
-    """onnxruntime's value of every node output it can give ({} if it cannot run the model)."""
+    """onnxruntime's value of every node output it can give ({} if it cannot run the model); a
+    sequence as its list of arrays, and each element ``k`` under ``name[k]`` too (tvm_probe's
+    name of that element)."""
     import onnxruntime as ort
 
     m = with_all_outputs(model)
@@ -174,9 +178,15 @@ def ort_values(model, inputs) -> dict[str, np.ndarray]:
     try:
         sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        return {n: v for n, v in zip(names, sess.run(names, dict(inputs))) if isinstance(v, np.ndarray)}
+        values = dict(zip(names, sess.run(names, dict(inputs))))
     except Exception:
         return {}
+    out = {n: v for n, v in values.items() if isinstance(v, np.ndarray)}
+    for name, seq in values.items():
+        if isinstance(seq, list) and all(isinstance(v, np.ndarray) for v in seq):
+            out[name] = seq
+            out.update({f"{name}[{k}]": v for k, v in enumerate(seq)})
+    return out
 
 
 def tvm_values(model, inputs, pipeline) -> dict[str, np.ndarray]:

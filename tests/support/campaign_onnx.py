@@ -69,7 +69,8 @@ def dynamic(model) -> onnx.ModelProto | None:
         return None
     del m.graph.value_info[:]
     for vi in m.graph.output:
-        vi.type.tensor_type.ClearField("shape")
+        ty = vi.type.sequence_type.elem_type if vi.type.HasField("sequence_type") else vi.type
+        ty.tensor_type.ClearField("shape")  # (a sequence keeps its type: onnxruntime needs it)
     return m
 
 

@@ -330,8 +330,24 @@ def compare(results, reference, atol: float | None = None,
         reference = ResultsReference(reference)
     asked = [v for v in (results.sources_map if keys is None else results.sources_map.in_order(keys))
              if v.kind not in (Kind.INPUT, Kind.PARAM)]
-    return judge(results, [(v, v.display_name, v.key) for v in asked], lambda label, value: reference[value.key],
+    return judge(results, [(v, v.display_name, v.key) for v in asked],
+                 lambda label, value: _reference_value(reference, value.key, results.sources_map),
                  atol, rtol, tolerance_for, progress, why_missing=getattr(reference, "why_missing", {}))
+
+
+def _reference_value(reference, key: str, sources):
+    """``reference[key]``; for an element of a sequence the reference lacks by that name, its
+    place in the reference's sequence (onnxruntime returns a sequence as a list of arrays)."""
+    try:
+        return reference[key]
+    except KeyError:
+        element = sources.element_of(key)
+        if element is None:
+            raise
+        sequence = reference[element[0]]
+        if not isinstance(sequence, (list, tuple)) or element[1] >= len(sequence):
+            raise KeyError(key) from None
+        return sequence[element[1]]
 
 
 def judge(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
@@ -350,6 +366,8 @@ def judge(results, asked, reference_of: Callable, atol: float | None = None, rto
         served = results.servings[value.key].served
         if served is Served.UNAVAILABLE:
             out.dead[label] = name
+            continue
+        if served is Served.SEQUENCE:  # compared element by element: each is a value of its own
             continue
         try:
             ref = np.asarray(reference_of(label, value))

@@ -91,9 +91,19 @@ class Results:
         """The tensor name (key) that ``name`` denotes; raises a NameLookupError otherwise."""
         return self._names.resolve(name)
 
-    def get(self, name: str) -> np.ndarray:
-        """The value of the source tensor ``name`` (node name, ``node:k``, tensor name or suffix)."""
-        return self._value(self.resolve(name))
+    def get(self, name: str) -> np.ndarray | list[np.ndarray]:
+        """The value of the source tensor ``name`` (node name, ``node:k``, tensor name or suffix).
+
+        A sequence (ONNX ``SplitToSequence``, ``SequenceConstruct``: a tuple of tensors in TVM)
+        answers a list of numpy arrays, its elements in order (as onnxruntime returns it); each
+        element is a value of its own too, named ``seq[0]``, ``seq[1]``..."""
+        return self._served_value(self.resolve(name))
+
+    def _served_value(self, key: str) -> np.ndarray | list[np.ndarray]:
+        """:meth:`_value`, or for a sequence the list of its elements' values."""
+        if self.servings[key].served is Served.SEQUENCE:
+            return [self._value(k) for k in self.sources_map.sequences[key]]
+        return self._value(key)
 
     def get_tensor(self, key: str) -> np.ndarray:
         """The value whose tensor name (the ``tensor`` column of :attr:`sources`) is ``key``.
@@ -103,11 +113,12 @@ class Results:
         """
         if key not in self.sources_map:
             raise UnknownNameError(f"no source value has the tensor name {key!r}", hint="see the tensor column of sources")
-        return self._value(key)
+        return self._served_value(key)
 
     def get_all(self, pattern: str) -> dict[str, np.ndarray]:
-        """Every value whose name matches the glob ``pattern``, by display name, in model order."""
-        return {self.sources_map[k].display_name: self._value(k) for k in self._names.match(pattern)}
+        """Every value whose name matches the glob ``pattern``, by display name, in model order
+        (a sequence as the list of its elements, see :meth:`get`)."""
+        return {self.sources_map[k].display_name: self._served_value(k) for k in self._names.match(pattern)}
 
     def get_node_output(self, index: int, output: int = 0) -> np.ndarray:
         """Output ``output`` of graph node ``index`` (see :attr:`nodes`)."""
@@ -126,8 +137,8 @@ class Results:
         """
 
         for value in self.sources_map:
-            if value.kind is not Kind.VALUE:
-                continue
+            if value.kind is not Kind.VALUE or value.key in self.sources_map.sequences:
+                continue  # (a sequence's elements are values of their own)
             try:
                 array = self._value(value.key)
             except ProbeError:

@@ -32,6 +32,7 @@ class Served(str, Enum):
     RECOMPUTED = "recomputed"  # kept inside a fused kernel; recomputed from its captured inputs
     PASSED = "passed"          # computed outside any kernel (an If's result, whichever branch ran):
                                # copied where the VM passes it on, into a kernel or out as an output
+    SEQUENCE = "sequence"      # a sequence (a tuple of tensors): its elements, each served as it is
     UNAVAILABLE = "unavailable"  # dead code: no model output depends on it in the source graph
     UNKNOWN = "unknown"        # live, but tvm_probe cannot tell where the compiled module holds it
 
@@ -152,6 +153,9 @@ class SourceMap:
     model_inputs: list[str] = field(default_factory=list)   # keys of the inputs the user feeds
     model_outputs: list[str] = field(default_factory=list)  # keys of the graph outputs
     notes: dict[str, str] = field(default_factory=dict)     # a name with no value → why
+    #: a sequence value (ONNX SplitToSequence, SequenceConstruct: a Relax tuple of tensors) →
+    #: the keys of its elements, ``seq[0]``, ``seq[1]``..., each a source value of its own
+    sequences: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, value: SourceValue) -> None:
         self.values[value.key] = value
@@ -182,7 +186,7 @@ class SourceMap:
         from dataclasses import replace
 
         out = SourceMap(model_inputs=list(self.model_inputs), model_outputs=list(self.model_outputs),
-                        notes=dict(self.notes))
+                        notes=dict(self.notes), sequences={k: list(v) for k, v in self.sequences.items()})
         for value in self.values.values():
             out.add(replace(value))
         return out
@@ -200,4 +204,26 @@ class SourceMap:
                 continue
             live.add(key)
             stack.extend(k for k in self.values[key].inputs if k in self.values and k not in live)
+            stack.extend(self.sequences.get(key, ()))  # a sequence needs its elements
         return live
+
+    def output_values(self, arrays: list) -> dict:
+        """The model outputs, by key, from the arrays of a run's result in order (the VM's
+        result flattened): a sequence output takes as many arrays as it has elements, a list of
+        them.  (A result of another length, such as torch's ``(x, None)``, is paired as it comes.)"""
+        counts = [len(self.sequences[k]) if k in self.sequences else 1 for k in self.model_outputs]
+        if sum(counts) != len(arrays) or not self.sequences:
+            return dict(zip(self.model_outputs, arrays))
+        out, at = {}, 0
+        for key, count in zip(self.model_outputs, counts):
+            out[key] = list(arrays[at:at + count]) if key in self.sequences else arrays[at]
+            at += count
+        return out
+
+    def element_of(self, key: str) -> tuple[str, int] | None:
+        """``(sequence key, position)`` when ``key`` is an element of a sequence, else None."""
+        found = self.__dict__.get("_elements")
+        if found is None or len(found) != sum(len(v) for v in self.sequences.values()):
+            found = self.__dict__["_elements"] = {e: (s, k) for s, elements in self.sequences.items()
+                                                  for k, e in enumerate(elements)}
+        return found.get(key)

@@ -30,7 +30,7 @@ from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
 from .model import ImportedModel, InputSpec, LazyArrays
 from .module_paths import module_outputs
 from .onnx_graph import node_inputs
-from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info
+from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info, type_info
 from .static import GraphView, _example, inferred_ranks, make_static, name_unknown_dims, pin_inputs, symbolic_inputs
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
@@ -459,6 +459,10 @@ def _collect(proto, mod, importer) -> ImportedModel:
                 value.kind = Kind.VALUE
                 value.shape, value.dtype = tensor_info(expr)
                 var_keys.setdefault(expr, []).append(out)
+                _add_sequence_elements(sources, value, expr, record)
+            elif isinstance(expr, relax.Tuple):  # SequenceConstruct, SequenceInsert...: a tuple literal
+                _add_sequence_literal(sources, value, expr, record, var_keys, constants)
+                continue
             elif isinstance(expr, relax.Call):
                 value.shape, value.dtype = tensor_info(expr)  # never used: the import drops it
             else:
@@ -484,6 +488,47 @@ def _collect(proto, mod, importer) -> ImportedModel:
                          inputs=inputs, hash_model=lambda: model_hash(proto),
                          fixes=importer.fixes.applied(), unfixed=importer.unfixed.applied(),
                          shape_values=shape_values)
+
+
+def _add_sequence_elements(sources, value, expr, record) -> None:
+    """A sequence (a Var of tuple type: SplitToSequence's output) is a value made of its
+    elements: each element ``seq[k]`` is a source value of its own (the kernel map places it,
+    a dump stores it), added right after the sequence; ``sources.sequences`` lists them, so
+    that ``get(seq)`` answers every element."""
+    fields = getattr(getattr(expr, "ty", None), "fields", None)
+    if fields is None:
+        return
+    keys = [f"{value.key}[{k}]" for k in range(len(fields))]
+    if any(k in record or k in sources for k in keys):  # (a tensor of the model has that name)
+        return
+    sources.add(value)
+    for k, (key, field) in enumerate(zip(keys, fields)):
+        shape, dtype = type_info(field)
+        sources.add(SourceValue(key=key, op_type=value.op_type, output_index=value.output_index,
+                                num_outputs=value.num_outputs, topo_index=value.topo_index,
+                                inputs=value.inputs, shape=shape, dtype=dtype, modules=value.modules))
+    sources.sequences[value.key] = keys
+
+
+def _add_sequence_literal(sources, value, expr, record, var_keys: dict, constants) -> None:
+    """A sequence TVM's import holds as a tuple literal (SequenceConstruct, SequenceInsert,
+    SequenceEmpty: bound to no Var): a value made of its elements, each ``seq[k]`` tagged with
+    the Var (or holding the constant) in its place, as :func:`_add_sequence_elements`.  Left out
+    (as before: no value) when an element is anything else."""
+    from tvm import relax
+
+    fields = list(expr.fields)
+    consts = [None if isinstance(f, relax.Var) else const_value(f) for f in fields]
+    if any(not isinstance(f, relax.Var) and c is None for f, c in zip(fields, consts)):
+        return
+    value.kind = Kind.VALUE
+    _add_sequence_elements(sources, value, expr, record)
+    for key, field, const in zip(sources.sequences.get(value.key, ()), fields, consts):
+        if const is not None:
+            sources[key].kind = Kind.CONSTANT
+            constants[key] = const
+        else:
+            var_keys.setdefault(field, []).append(key)
 
 
 def _add_shape_value(sources, shape_values: dict, value, expr, shape: tuple) -> None:

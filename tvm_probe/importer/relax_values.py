@@ -24,7 +24,11 @@ def const_value(expr) -> np.ndarray | None:
 
 def tensor_info(expr) -> tuple[tuple[int | str, ...] | None, str | None]:
     """Shape (a symbolic dimension as its name or expression, e.g. ``'batch'``) and dtype."""
-    ty = getattr(expr, "ty", None)
+    return type_info(getattr(expr, "ty", None))
+
+
+def type_info(ty) -> tuple[tuple[int | str, ...] | None, str | None]:
+    """:func:`tensor_info` of a Relax type (a tuple's field)."""
     shape = getattr(ty, "shape", None)
     values = getattr(shape, "values", None)
     dims = tuple(dim_of(v) for v in values) if values is not None else None

@@ -81,6 +81,9 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
             kmap.places[key] = shape_values[var]
             continue
         trace = follower.follow(var)
+        if key in imported.sources.sequences:  # its elements are the values placed
+            _place_elements(kmap, imported.sources.sequences[key], trace, by_number, vn.terms, untrusted)
+            continue
         place, why = _locate(trace, by_number, vn.terms, untrusted, snapshots.pre_fold)
         if place is not None:
             kmap.places[key] = place
@@ -96,10 +99,6 @@ def build_kernel_map(imported, snapshots) -> KernelMap:
                 kmap.known_limits.add(key)
             elif key in overwritten:  # only an in-place op's destination read it (y of y.copy_(w))
                 kmap.lost[key] = f"{overwritten[key]}: {why}"
-                kmap.known_limits.add(key)
-            elif _is_tuple(var):
-                kmap.lost[key] = ("it is a sequence (a tuple of tensors): tvm_probe serves the tensors in it "
-                                  "(the values of the ops that take them out), not the sequence as one value")
                 kmap.known_limits.add(key)
     for key, expr in getattr(imported, "shape_values", {}).items():
         _place_shape_value(kmap, key, expr, dims, imported.sources)
@@ -143,6 +142,23 @@ def _locate(trace, by_number, terms, untrusted, pre_fold) -> tuple[Place | None,
     if trace.number is not None:
         return None, "the compiled module computes it outside any kernel call"
     return None, f"it was lost between the module {trace.lost_after} and the one {trace.lost_before}"
+
+
+def _place_elements(kmap: KernelMap, elements: list[str], trace, by_number, terms, untrusted) -> None:
+    """Each element of a followed sequence (a tuple value) where the compiled module holds it:
+    element ``k`` has the number of item ``k`` of the tuple (a kernel's output ``k``, or the
+    value a tuple literal holds there)."""
+    for k, key in enumerate(elements):
+        if trace.number is None:
+            kmap.lost[key] = (f"it is element {k} of a sequence that was lost between the module "
+                              f"{trace.lost_after} and the one {trace.lost_before}")
+            continue
+        item = _Trace(number=terms.tuple_item(trace.number, k))
+        place, why = _locate(item, by_number, terms, untrusted, None)
+        if place is not None:
+            kmap.places[key] = place
+        else:
+            kmap.lost[key] = f"it is element {k} of a sequence, and {why}"
 
 
 def _shape_values(main, dims: dict) -> dict:
@@ -239,7 +255,8 @@ class _Follower:
         if self.names[stage - 1].get(var.name) != 1 or self.names[stage].get(var.name) != 1:
             return None
         other = self.named[stage][var.name]
-        return other if _same_type(var.ty, other.ty, self.input_symbols) else None
+        sizes = _sizes_of_run(other, self.stages[stage][1].bound.get(other))
+        return other if _same_type(var.ty, other.ty, self.input_symbols, sizes) else None
 
     def follow(self, var) -> _Trace:
         start = next((i for i, (_, v) in enumerate(self.stages) if var in v.of_var), None)
@@ -265,20 +282,44 @@ class _Follower:
         return _Trace(number=number)
 
 
-def _same_type(a, b, input_symbols) -> bool:
-    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`);
-    a size of ``b`` known only at run time (a symbol the model inputs do not define: what a
-    data-dependent op such as NonMaxSuppression produced, matched after it) equals any size."""
+def _sizes_of_run(var, value) -> list:
+    """The sizes a run that computes ``var`` (bound to ``value``) gives tensors: those of its own
+    type and of the Vars its value reads (``lv1 = lv[0]`` exists only where the call ``lv`` ran):
+    none of them is below zero in any run."""
+    from tvm import relax
+
+    types = [var.ty] + ([v.ty for v in relax.analysis.free_vars(value)] if value is not None else [])
+    return [d for ty in types for d in _all_dims(ty)]
+
+
+def _all_dims(ty) -> list:
+    """Every size of a Relax type (tuple fields in turn)."""
+    fields = getattr(ty, "fields", None)
+    if fields is not None:
+        return [d for f in fields for d in _all_dims(f)]
+    return list(shape_dims(ty) or ())
+
+
+def _same_type(a, b, input_symbols, sizes_of_run=()) -> bool:
+    """Equal Relax types, tuple fields in turn, sizes compared by value (:func:`same_sizes`, at
+    the sizes where ``sizes_of_run`` say ``b`` can be computed); a size of ``b`` known only at
+    run time (a symbol the model inputs do not define: what a data-dependent op such as
+    NonMaxSuppression produced, matched after it) equals any size."""
     fields_a, fields_b = getattr(a, "fields", None), getattr(b, "fields", None)
     if fields_a is not None or fields_b is not None:
         return (fields_a is not None and fields_b is not None and len(fields_a) == len(fields_b)
-                and all(_same_type(x, y, input_symbols) for x, y in zip(fields_a, fields_b)))
+                and all(_same_type(x, y, input_symbols, sizes_of_run) for x, y in zip(fields_a, fields_b)))
     dims_a, dims_b = shape_dims(a), shape_dims(b)
+    if dims_a is None and dims_b is not None and type(a) is type(b) and str(getattr(a, "dtype", "")) == str(
+            getattr(b, "dtype", "")) and getattr(a, "ndim", -1) == len(dims_b):
+        # sizes the import left unknown (``R.Tensor(ndim=3)``: a Slice with run-time bounds) that
+        # legalization names with symbols of their own, all known only at run time
+        return all(_runtime_size(d, input_symbols) for d in dims_b)
     if type(a) is not type(b) or str(getattr(a, "dtype", "")) != str(getattr(b, "dtype", "")) \
             or dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
         return False
     fixed = [(x, y) for x, y in zip(dims_a, dims_b) if not _runtime_size(y, input_symbols)]
-    return same_sizes([x for x, _ in fixed], [y for _, y in fixed])
+    return same_sizes([x for x, _ in fixed], [y for _, y in fixed], sizes_of_run)
 
 
 def _runtime_size(dim, input_symbols) -> bool:
@@ -469,9 +510,26 @@ def classify(sources, kmap: KernelMap, num_inputs: int) -> Servings:
     servings = {}
     for value in sources:
         servings[value.key] = serving = _serving(value, kmap.places.get(value.key), kmap, live, input_index, num_inputs)
-        if serving.served is Served.UNKNOWN and value.key not in kmap.lost:
+        if serving.served is Served.UNKNOWN and value.key not in kmap.lost and value.key not in sources.sequences:
             kmap.lost[value.key] = "TVM's importer produced no run-time value for it"
+    for key, elements in sources.sequences.items():
+        servings[key] = _sequence_serving(key, elements, servings, kmap)
     return servings
+
+
+def _sequence_serving(key: str, elements: list[str], servings: Servings, kmap: KernelMap) -> Serving:
+    """A sequence is served when each of its elements is (``get`` answers them all, in order);
+    else it is as unknown (or dead) as its first element that is not served, for that reason."""
+    for k, element in enumerate(elements):
+        served = servings[element].served
+        if served in (Served.UNKNOWN, Served.UNAVAILABLE):
+            if served is Served.UNKNOWN:
+                kmap.lost[key] = f"its element {k} is unknown: {kmap.lost.get(element, 'no place found')}"
+                if element in kmap.known_limits:
+                    kmap.known_limits.add(key)
+            return Serving(served)
+    kmap.lost.pop(key, None)
+    return Serving(Served.SEQUENCE, servings[elements[0]].node_index if elements else -1)
 
 
 def _serving(value, place, kmap: KernelMap, live: set, input_index: dict, num_inputs: int) -> Serving:

@@ -84,21 +84,32 @@ def _symbols(expr, found: list) -> None:
         found.append(expr)
 
 
-def same_sizes(dims_a, dims_b) -> bool:
+def same_sizes(dims_a, dims_b, sizes_of_run=()) -> bool:
     """Whether two lists of dimensions (PrimExprs) are equal for every size of their symbolic
     dimensions tried (TVM writes one size as ``(n + 2) // 3`` in one pass and
-    ``(n + 3 - 1) // 3`` in the next)."""
+    ``(n + 3 - 1) // 3`` in the next).
+
+    ``sizes_of_run``: sizes that any run computing ``dims_b`` gives a tensor (the sizes of the
+    call that produces it); the symbols' values where one of them is below zero are no run
+    (TVM cannot allocate that tensor), so they are not tried.  Legalizing ``R.split`` of an
+    ``n``-length axis at ``[2]`` writes its parts' sizes ``T.min(2, n)``, ``T.max(n - 2, 0)`` as
+    ``2``, ``n - 2``: equal wherever the split kernel can run (``n >= 2``).  At least one tried
+    value must be a run."""
     if len(dims_a) != len(dims_b):
         return False
     symbols: list = []
-    for d in list(dims_a) + list(dims_b):
+    for d in list(dims_a) + list(dims_b) + list(sizes_of_run):
         _symbols(d, symbols)
+    tried = False
     for k, size in enumerate(_SAMPLES):
         env = {s: _SAMPLES[(k + 5 * i) % len(_SAMPLES)] for i, s in enumerate(symbols)} if symbols else {}
+        if any((v := _value(d, env)) is not None and v < 0 for d in sizes_of_run):
+            continue
+        tried = True
         for a, b in zip(dims_a, dims_b):
             va, vb = _value(a, env), _value(b, env)
             if va is None or va != vb:
                 return False
         if not symbols:
             break
-    return True
+    return tried

@@ -91,6 +91,7 @@ class FunctionValues:
     of_var: dict = field(default_factory=dict)
     body: int = -1
     inlined: dict = field(default_factory=dict)
+    bound: dict = field(default_factory=dict)  # bound Var → the value bound to it (as written)
 
 
 class ValueNumbering:
@@ -126,6 +127,7 @@ class ValueNumbering:
                     number = self._expr(value, env, binding)
                 env[binding.var] = number
                 out.of_var[binding.var] = number
+                out.bound[binding.var] = value
         out.body = self._expr(func.body.body, env, None)
         return out
 

@@ -344,11 +344,13 @@ class Probe(Constructors, Results, Viewable):
     @property
     def last_transfer_us(self) -> dict[str, dict[str, float]] | None:
         """Microseconds the last :meth:`run` spent moving each model input to the device
-        (``"inputs"``) and each model output back (``"outputs"``), by name; None before a run."""
+        (``"inputs"``) and each model output back (``"outputs"``, a sequence's elements
+        together), by name; None before a run."""
         if self._capture is None:
             return None
+        outputs = self.imported.sources.output_values(self._capture.output_us)
         return {"inputs": dict(zip((s.name for s in self.imported.inputs), self._capture.input_us)),
-                "outputs": dict(zip(self.imported.sources.model_outputs, self._capture.output_us))}
+                "outputs": {k: sum(t) if isinstance(t, list) else t for k, t in outputs.items()}}
 
     @property
     def remote(self) -> str | None:
@@ -434,7 +436,8 @@ class Probe(Constructors, Results, Viewable):
                 ``include_weights``, ``recomputed``, ``timings``, ``metadata``).
 
         Returns:
-            The model outputs, by output tensor name.
+            The model outputs, by output tensor name (a sequence output as a list of arrays, its
+            elements in order, as plain TVM returns it as a tuple).
         """
         if len(self._functions) > 1 or isinstance(self.imported, FunctionModel):
             self._check_runnable()
@@ -456,7 +459,7 @@ class Probe(Constructors, Results, Viewable):
         finally:
             if build is not None:
                 join_build(build)
-        return dict(zip(self.imported.sources.model_outputs, self._capture.result))
+        return self.imported.sources.output_values(self._capture.result)
 
     def _check_runnable(self) -> None:
         """run() feeds arrays to ``main``; a function taking objects or held weights needs call()."""

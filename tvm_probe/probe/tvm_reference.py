@@ -81,7 +81,7 @@ def served_values(probe) -> dict[str, np.ndarray]:
     """Every value a run of ``probe`` can serve that TVM computed (not inputs, not weights)."""
     out = {}
     for value in probe.sources_map:
-        if value.kind in (Kind.VALUE, Kind.CONSTANT):
+        if value.kind in (Kind.VALUE, Kind.CONSTANT) and value.key not in probe.sources_map.sequences:
             try:
                 out[value.key] = probe.get_tensor(value.key)
             except ProbeError:

@@ -84,6 +84,9 @@ def verify(probe, inputs) -> Verification:
         if served in (Served.UNAVAILABLE, Served.UNKNOWN):
             out.unchecked[value.key] = f"not served ({served.value})"
             continue
+        if served is Served.SEQUENCE:
+            out.unchecked[value.key] = "a sequence: its elements are checked, each a value of its own"
+            continue
         if value.key not in reference:
             out.unchecked[value.key] = "the unfused build holds no run-time value for it"
             continue
@@ -129,4 +132,15 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
             continue
         for key in keys:
             values.setdefault(key, array)
+        _sequence_elements(values, keys, imported.sources.sequences, calls, capture, var)
     return values
+
+
+def _sequence_elements(values: dict, keys, sequences: dict, calls, capture, var) -> None:
+    """The elements of a sequence whose Var is a kernel's tuple of outputs (SplitToSequence):
+    element ``k`` is that kernel's output ``k``."""
+    out = calls.produced.get(var)
+    for key in (k for k in keys if k in sequences and out is not None):
+        if calls.sites[out.site].num_outputs == len(sequences[key]):
+            for k, element in enumerate(sequences[key]):
+                values.setdefault(element, capture.outputs[out.site][k])

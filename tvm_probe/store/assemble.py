@@ -16,7 +16,8 @@ from .atomic import replace_folder
 from .dump import DumpContent, DumpWriter, StreamedOutputs, node_tensor_names, tensor_key, write_dump
 
 # stored as node outputs, or nothing to store
-_NOT_VALUES = (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN)
+# (a sequence: its elements are stored, each a value of its own; the sources record lists them)
+_NOT_VALUES = (Served.CAPTURED, Served.VIEW, Served.INPUT, Served.UNAVAILABLE, Served.UNKNOWN, Served.SEQUENCE)
 
 
 @dataclass(frozen=True)

@@ -151,13 +151,14 @@ class DumpWriter:
                 stream.write(key, array)
             stream.close()
         # indent=4 as TVM's debug executor wrote its graph dump
-        _write_json(self.device_dir / GRAPH, graph_layout.graph_json(content.nodes, content.sources.model_outputs),
+        _write_json(self.device_dir / GRAPH, graph_layout.graph_json(content.nodes, _head_keys(content.sources)),
                     indent=4)
         _write_json(self.device_dir / TRACE, graph_layout.chrome_trace(content.nodes if content.timings else []))
         _write_json(self.device_dir / SOURCES, {
             "sources": [{**v.to_record(), **content.servings[v.key].to_record()} for v in content.sources],
             "model_inputs": content.sources.model_inputs, "model_outputs": content.sources.model_outputs,
-            "name_notes": content.sources.notes, "import_fixes": content.import_fixes,
+            "name_notes": content.sources.notes, "sequences": content.sources.sequences,
+            "import_fixes": content.import_fixes,
             "compile_warnings": content.compile_warnings, "target": content.target, "pipeline": content.pipeline, "total_us": content.total_us,
             "metadata": content.metadata,
         })
@@ -311,6 +312,8 @@ class DumpReader(Results, Viewable):
             sources.model_inputs = list(meta["model_inputs"])
             sources.model_outputs = list(meta["model_outputs"])
             sources.notes = {str(k): str(v) for k, v in (meta.get("name_notes") or {}).items()}
+            # a sequence → its elements' keys (each element stored as a value of its own)
+            sources.sequences = {str(k): [str(e) for e in v] for k, v in (meta.get("sequences") or {}).items()}
             self._fix_records = list(meta.get("import_fixes") or [])
             self._warning_records = list(meta.get("compile_warnings") or [])
             self.target, self.pipeline = str(meta["target"]), str(meta["pipeline"])
@@ -497,6 +500,12 @@ class DumpReader(Results, Viewable):
             raise NotCapturedError(f"{value.display_name!r} is kept inside a fused kernel and this dump was "
                                    "written without recomputed values: dump with recomputed=True")
         raise NotCapturedError(f"{value.display_name!r} is not in this dump: the run captured only some values")
+
+
+def _head_keys(sources: SourceMap) -> list[str]:
+    """The model outputs as the graph's heads list them: a sequence as its elements, in turn (the
+    VM returns it as a tuple, which TVM's debug executor listed one entry per tensor)."""
+    return [e for key in sources.model_outputs for e in sources.sequences.get(key, [key])]
 
 
 def _source_entries(nodes: list[NodeInfo], sources: SourceMap, servings: Servings) -> dict[str, tuple[int, int]]:
