@@ -169,13 +169,14 @@ class Probe(Constructors, Results, Viewable):
         if self._calls.last is not None and self._calls.last.function != function:
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
         weights, every = probe._weights_only(plan, wanted), bool(kernel_times)
+        run_plan, run_every = plan, every
         if weights is not None and weights.served is not None:
-            plan, every = weights.reduced, True  # (every kernel timed, as a capture of everything is)
-        result = probe._executor.run(arrays, plan, raw=True, kernel_times=every or kernel_times,
+            run_plan, run_every = weights.reduced, True  # (every kernel timed, as a capture of everything is)
+        result = probe._executor.run(arrays, run_plan, raw=True, kernel_times=run_every or kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
         if weights is not None:
-            weights.took(self.num_calls, result, plan)
-        if probe._executor.fast_call(plan, every):
+            weights.took(self.num_calls, result, run_plan)
+        if probe._executor.fast_call(run_plan, run_every):  # (the plan asked for: set_params may go back to it)
             self._fast_calls[key] = probe, plan, wanted, every, layouts, weights
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
