@@ -226,3 +226,34 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
     np.testing.assert_array_equal(probe.get(name, call=fast), weights[name] * 1.5)
     for pair in kept:
         assert_same_values(probe, rng, *pair)
+
+
+def test_weights_only_outputs_that_differ_between_two_calls_warn_and_are_captured_at_every_call():
+    """A nondeterministic kernel among those computed from the weights alone: the two first
+    captures differ (here the first's copy is changed, as such a kernel would have written it),
+    so the probe warns, names it, and every later call copies those outputs itself."""
+    config = LlamaConfig()
+    model = LlamaForCausalLM(config)
+    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=mlc_weights(hf_llama(config)),
+                          pipeline="default")
+    begin, end = (tvm.get_global_func(f"vm.builtin.kv_state_{n}") for n in ("begin_forward", "end_forward"))
+    cache = _nn_cache(probe)
+
+    def step(token: int):
+        begin(cache, ST([0]), ST([1]))
+        probe.call("decode", tvm.runtime.tensor(np.array([[token]], np.int32)), cache)
+        end(cache)
+        return probe.call_record(probe.num_calls - 1).capture
+
+    step(3)
+    first = probe.num_calls - 1  # (call 0 made the cache)
+    weights = probe.functions["decode"]._weights
+    site = sorted(weights.sites)[0]
+    weights._first[1][site][0].flat[0] += 1  # what a nondeterministic kernel would have done
+    with pytest.warns(RuntimeWarning, match=rf"computed from the weights alone differ between calls {first} and {first + 1} "
+                                            rf"\(a nondeterministic kernel, e\.g\. call site {site}\)"):
+        step(4)
+    later = [step(t) for t in (5, 6, 7)]
+    assert [c.served_from for c in later] == [None] * 3 and weights.plan() is weights.everything
+    key = weights_only_keys(probe, "decode")[0]
+    assert probe.provenance(key, call=probe.num_calls - 1) == f"captured at call {probe.num_calls - 1}"

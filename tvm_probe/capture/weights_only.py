@@ -91,7 +91,7 @@ class WeightsOnly:
             self.every_call = True
             warnings.warn(f"{len(differ)} kernel output(s) computed from the weights alone differ between calls "
                           f"{first_call} and {call} (a nondeterministic kernel, e.g. call site {differ[0]}): "
-                          "they are captured at every call from now on", RuntimeWarning, stacklevel=3)
+                          "they are captured at every call from now on", RuntimeWarning, stacklevel=4)
             return
         self.served, self.compared = (first_call, first), (first_call, call)
 
