@@ -154,10 +154,9 @@ def main(argv=None) -> int:
               "length among what they come from) are captured at the first two decode steps of everything, "
               "compared byte for byte, then served from the first (capture/weights_only.py; "
               "`probe.provenance(name, call=k)` says so). The compare's eager reference is teacher-forced with "
-              "the generation's tokens: the prefill and the first decode step as the generation ran them, then "
-              "one forward over the prompt and the tokens, each later step's values taken at its position along "
-              "each module's sequence axis (proved from the three calls' shapes, else step by step): three eager "
-              "calls whatever the number of steps. On 2 cores PyTorch's threads compete with TVM's spinning "
+              "the generation's tokens: one forward over the prompt and the tokens, each step's values taken at "
+              "its positions along each module's sequence axis, proved by one decode step run as the generation "
+              "ran it (else step by step): two eager calls whatever the number of steps. On 2 cores PyTorch's threads compete with TVM's spinning "
               "thread pool and with any other load (see docs/llm.md): the eager forward is where a loaded "
               "machine shows most.",
               "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))

@@ -255,24 +255,25 @@ def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch)
 
 
 def test_the_teacher_forced_reference_equals_the_step_by_step_one():
-    """Fed eager's own tokens, the three-call teacher-forced reference (the prefill, one decode
-    step, one forward over the whole sequence sliced per step) gives the tokens and, at every
-    step, the same module paths with the same values as eager stepping token by token."""
+    """Fed eager's own tokens, the two-call teacher-forced reference (one forward over the whole
+    sequence sliced per step, one decode step proving each module's sequence axis) gives the
+    tokens and, at every step, the same module paths with the same values as eager stepping
+    token by token; no module of the Llama needed stepping."""
     from tvm_probe.llm.reference import sequence_axis
 
     model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
     stepwise = reference_generate(model, ids, STEPS)
     forced = reference_generate(model, ids, STEPS, tokens=stepwise.tokens)
-    assert forced.tokens == stepwise.tokens
+    assert forced.tokens == stepwise.tokens and forced.stepwise == []
     for step, (got, expected) in enumerate(zip(forced.values, stepwise.values, strict=True)):
         assert set(got) == set(expected) and len(got) > 25, step
         for path, array in expected.items():
             np.testing.assert_allclose(got[path], array, atol=1e-5, err_msg=f"step {step} {path}")
     # the sequence axis is proved or refused, never guessed
-    assert sequence_axis((1, 8, 64), (1, 1, 64), (1, 13, 64), 8, 13) == 1
-    assert sequence_axis((1, 2, 8, 16), (1, 2, 9, 16), (1, 2, 13, 16), 8, 13) is None  # grows with the cache
-    assert sequence_axis((1, 8, 8), (1, 1, 9), (1, 13, 13), 8, 13) is None  # two axes move
-    assert sequence_axis((1, 64), (1, 64), (1, 64), 8, 13) is None  # not per token
+    assert sequence_axis((1, 1, 64), (1, 13, 64), 13) == 1
+    assert sequence_axis((1, 2, 9, 16), (1, 2, 13, 16), 13) is None  # grows with the cache, past included
+    assert sequence_axis((1, 1, 9), (1, 13, 13), 13) is None  # two axes move
+    assert sequence_axis((1, 64), (1, 64), 13) is None  # not per token
 
 
 def test_a_perturbed_decode_is_found_at_the_same_step_and_value_by_both_references(monkeypatch):

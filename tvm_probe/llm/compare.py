@@ -65,7 +65,7 @@ def compare_generation(probe, reference: ReferenceGeneration | None = None, atol
     """Compare the probe's last ``generate`` with ``reference``, call by call, by module path.
 
     The default reference is made now in eager PyTorch, teacher-forced with the generation's own
-    tokens (:func:`~tvm_probe.llm.reference.teacher_forced`: three eager calls whatever the
+    tokens (:func:`~tvm_probe.llm.reference.teacher_forced`: two eager calls whatever the
     number of steps): each step's values are what eager computes from the same context, and its
     tokens eager's argmax there, so the first different token is where the two first disagree.
     Pass ``reference=reference_generate(probe, prompt, steps)`` for eager's own free-running

@@ -23,6 +23,9 @@ class ReferenceGeneration:
     values: list[dict]
     past: list | None = field(default=None, repr=False)  # the eager cache after the last step
     logits_shapes: tuple = field(default=(), repr=False)  # the logits' shape at each step
+    #: teacher-forced: the module paths taken from eager stepping token by token (no sequence
+    #: axis proved for them), the others sliced from one forward (see :func:`teacher_forced`)
+    stepwise: list = field(default_factory=list)
 
 
 def reference_generate(model_or_probe, input_ids, steps: int, tokens=None) -> ReferenceGeneration:
@@ -31,7 +34,7 @@ def reference_generate(model_or_probe, input_ids, steps: int, tokens=None) -> Re
     ``tokens=None``: greedy generation in eager PyTorch with the functional cache, one step at a
     time (its own tokens fed back).  ``tokens`` (the generation under test's: at least
     ``steps - 1``): teacher-forced, those tokens fed, as :func:`teacher_forced` computes it in
-    three eager calls; ``tokens`` of the result are then the eager model's argmax at each step
+    two eager calls; ``tokens`` of the result are then the eager model's argmax at each step
     (after the first difference they continue the generation under test, not eager's own)."""
     step, shape = _eager_step(model_or_probe)
     ids = require_torch().from_numpy(prompt_ids(input_ids))
@@ -72,66 +75,68 @@ def _stepwise(step, shape, ids, steps: int, fed: list[int] | None, start=None) -
 
 
 def teacher_forced(step, shape, ids, steps: int, fed: list[int]) -> ReferenceGeneration:
-    """The reference of a generation that fed ``fed`` (its own tokens), in three eager calls.
+    """The reference of a generation that fed ``fed`` (its own tokens), in two eager calls.
 
-    The prefill and the first decode step run as the generation ran them (their values are
-    those of the step-by-step reference); then one forward over the prompt and ``fed[:steps-1]``
-    (positions from 0, no past) gives every later step at once: decode step i's value is that
-    forward's output at position ``prompt_len + i - 1``, taken along the module's sequence axis.
-    That axis is proved per module, never guessed (:func:`sequence_axis`: the one axis whose size
-    is the prompt's in the prefill, 1 in the decode step and the forward's length in the
-    forward, all others equal); a module where none is proved (e.g. one whose output grows with
-    the cache) gets its later steps from the step-by-step reference, fed the same tokens."""
+    One forward over the prompt and ``fed[:steps-1]`` (positions from 0, no past) holds every
+    step: the prefill's values are its positions ``[0, prompt_len)``, decode step i's its
+    position ``prompt_len + i - 1``, each taken along the module's sequence axis.  That axis is
+    proved per module, never guessed: one decode step runs as the generation ran it (fed
+    ``fed[0]`` after the forward's own cache of the prompt; its values are step 1's), and
+    :func:`sequence_axis` finds the one axis whose size is 1 there and the forward's length in
+    the forward, all others equal.  A module where none is proved (an output that grows with the
+    cache, one that runs in the prefill only) gets every step from the step-by-step reference,
+    fed the same tokens (:attr:`ReferenceGeneration.stepwise` lists them)."""
     torch = require_torch()
     if len(fed) < steps - 1:
         raise InputError(f"a teacher-forced reference of {steps} steps needs {steps - 1} tokens, got {len(fed)}")
-    first = _stepwise(step, shape, ids, min(steps, 2), fed)
-    if steps <= 2:
+    if steps == 1:
+        first = _stepwise(step, shape, ids, 1, fed)
         return ReferenceGeneration(tokens=first.tokens, values=first.values)
     prompt_len, length = ids.shape[1], ids.shape[1] + steps - 1
     whole = torch.cat([ids, torch.tensor([fed[:steps - 1]], dtype=ids.dtype)], dim=1)
     with ModuleRecorder(getattr(step, WRAPPED)) as recorder, torch.no_grad():
-        logits = step(whole, positions(0, length, 1), *shape.empty(1))[0]
+        logits, *present = step(whole, positions(0, length, 1), *shape.empty(1))
         forward = recorder.take()
-    prefill, decode = first.values
-    axes = {path: sequence_axis(prefill[path].shape, decode[path].shape, forward[path].shape, prompt_len, length)
-            for path in decode if path in prefill and path in forward}
-    unproved = [path for path in decode if axes.get(path) is None]
-    logits_axis = sequence_axis(*first.logits_shapes, tuple(logits.shape), prompt_len, length)
-    later = None
-    if unproved or logits_axis != 1:  # the same tokens fed, one step at a time
-        later = _stepwise(step, shape, ids, steps, fed, start=(first.past, 2))
-    values, tokens = list(first.values), list(first.tokens)
-    for i in range(2, steps):
-        at = prompt_len + i - 1
-        sliced = {path: _at(forward[path], axes[path], at) for path in decode if axes.get(path) is not None}
-        if later is not None:
-            sliced.update({path: later.values[i - 2][path] for path in unproved if path in later.values[i - 2]})
-        tokens.append(int(logits[0, at].argmax()) if logits_axis == 1 else later.tokens[i - 2])
-        values.append(sliced)
-    return ReferenceGeneration(tokens=tokens, values=values)
+    # (the cache of the prompt alone: the forward's, up to the prompt's end along the length axis)
+    run = _stepwise(step, shape, ids, 2, fed, start=([t[:, :, :prompt_len] for t in present], 1))
+    decode = run.values[0]
+    axes = {path: sequence_axis(decode[path].shape, forward[path].shape, length)
+            for path in forward if path in decode}
+    unproved = sorted({path for path in (*forward, *decode) if axes.get(path) is None})
+    logits_axis = sequence_axis(run.logits_shapes[0], tuple(logits.shape), length)
+    stepwise = _stepwise(step, shape, ids, steps, fed) if unproved or logits_axis != 1 else None
+    values, tokens = [], []
+    for i in range(steps):
+        span = (0, prompt_len) if i == 0 else (prompt_len + i - 1, prompt_len + i)
+        paths = forward if i == 0 else decode
+        values.append(dict(decode) if i == 1 else
+                      {path: _span(forward[path], axes[path], *span) for path in paths if axes.get(path) is not None})
+        tokens.append(run.tokens[0] if i == 1 else
+                      int(logits[0, span[1] - 1].argmax()) if logits_axis == 1 else stepwise.tokens[i])
+        if stepwise is not None and i != 1:
+            values[i].update({path: stepwise.values[i][path] for path in unproved if path in stepwise.values[i]})
+    return ReferenceGeneration(tokens=tokens, values=values, stepwise=unproved)
 
 
-def sequence_axis(prefill: tuple, decode: tuple, forward: tuple, prompt_len: int, length: int) -> int | None:
+def sequence_axis(decode: tuple, forward: tuple, length: int) -> int | None:
     """The one axis along which a module's output is per token, or None where it cannot be proved.
 
-    ``prefill``/``decode``/``forward``: the output's shapes in the prefill (``prompt_len``
-    tokens), a decode step (one token after the prompt) and the teacher-forced forward
-    (``length`` tokens).  Proved when exactly one axis has sizes ``prompt_len``, 1 and
-    ``length`` there and every other axis is the same in all three."""
-    if not len(prefill) == len(decode) == len(forward) or prompt_len == length:
+    ``decode``/``forward``: the output's shapes in a decode step (one token after a past) and in
+    a forward over ``length`` tokens (no past).  Proved when exactly one axis differs, of size
+    1 in the decode step and ``length`` in the forward (an output whose size follows the cache,
+    past included, is not 1 in the decode step; one of several token axes differs twice)."""
+    if len(decode) != len(forward) or length < 2:
         return None
-    differing = [a for a in range(len(forward)) if not prefill[a] == decode[a] == forward[a]]
+    differing = [a for a in range(len(forward)) if decode[a] != forward[a]]
     if len(differing) != 1:
         return None
     axis = differing[0]
-    sizes = (prefill[axis], decode[axis], forward[axis])
-    return axis if sizes == (prompt_len, 1, length) else None
+    return axis if (decode[axis], forward[axis]) == (1, length) else None
 
 
-def _at(array: np.ndarray, axis: int, position: int) -> np.ndarray:
-    """``array``'s one position along ``axis``, that axis kept (a view)."""
-    return array[(slice(None),) * axis + (slice(position, position + 1),)]
+def _span(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """``array``'s positions ``[start, stop)`` along ``axis`` (a view)."""
+    return array[(slice(None),) * axis + (slice(start, stop),)]
 
 
 class ModuleRecorder:
