@@ -254,14 +254,16 @@ def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch)
     assert step == 1 and name.startswith("module:model.layers.1.mlp"), name  # the model's own path
 
 
-def test_the_teacher_forced_reference_equals_the_step_by_step_one():
+@pytest.mark.parametrize("family", ["llama", *(pytest.param(f, marks=pytest.mark.slow)
+                                               for f in ("qwen2", "mistral", "gpt2", "phi3", "gemma"))])
+def test_the_teacher_forced_reference_equals_the_step_by_step_one(family):
     """Fed eager's own tokens, the two-call teacher-forced reference (one forward over the whole
     sequence sliced per step, one decode step proving each module's sequence axis) gives the
     tokens and, at every step, the same module paths with the same values as eager stepping
-    token by token; no module of the Llama needed stepping."""
+    token by token; no module of these families needed stepping."""
     from tvm_probe.llm.reference import sequence_axis
 
-    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
+    model, ids = hf_decoder(family), decoder_ids(0, batch=1, seq=PROMPT)
     stepwise = reference_generate(model, ids, STEPS)
     forced = reference_generate(model, ids, STEPS, tokens=stepwise.tokens)
     assert forced.tokens == stepwise.tokens and forced.stepwise == []
