@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_probe import Probe
+from tvm_probe import Probe, load_dump
 from tvm_probe.capture.kernel_hook import HOOK
 from tvm_probe.capture.result import ArenaOutputs, LayoutOutputs
 from tvm_probe.capture.weights_only import ServedOutputs
@@ -174,7 +174,7 @@ def _nn_cache(probe):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline):
+def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline, tmp_path):
     """Prefill (symbolic sequence length) in chunks of several lengths, then decode steps (static
     shapes), each call made on two caches kept alike: one through the new paths, one through
     the instrument."""
@@ -212,6 +212,12 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
     assert_served_from_an_earlier_call(probe, "decode", [probe.call_record(fast).capture.served_from], fast)
     for pair in kept:  # every call's values still as they were
         assert_same_values(probe, rng, *pair)
+    # a dump holds every call's weights-only values, those served from an earlier call included
+    probe.forget_calls(keep_last=2)
+    root = probe.dump(tmp_path / "dump")
+    for key in weights_only_keys(probe, "decode")[:3]:
+        dumped = load_dump(root / "calls" / f"{fast:04d}_decode").get_tensor(key)
+        np.testing.assert_array_equal(dumped, probe.get(key, call=fast), err_msg=key)
     # new weights: what the old ones computed is served no more; two calls capture it again
     fp = probe.functions["decode"]
     used = {a.input_index for i in fp._weights.sites for a in fp.kernel_map.sites[i].args if a.kind is ArgKind.INPUT}

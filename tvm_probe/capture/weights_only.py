@@ -80,10 +80,9 @@ class WeightsOnly:
         compare them with the first call's (the second): equal, they are served from now on."""
         if self.served is not None or self.every_call:
             return
-        outputs = {site: [np.array(a, copy=True) for a in capture.outputs[site]]
-                   for site in self.sites if site in capture.outputs}
-        if self._first is None:
-            self._first = call, outputs
+        outputs = {site: capture.outputs[site] for site in self.sites if site in capture.outputs}
+        if self._first is None:  # (copies: the call's capture may be forgotten, its arena reused)
+            self._first = call, {site: [np.array(a, copy=True) for a in arrays] for site, arrays in outputs.items()}
             return
         first_call, first = self._first
         differ = sorted(site for site in self.sites if not _same(first.get(site), outputs.get(site)))
