@@ -150,6 +150,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 rounds instead of 400 (while developing)")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--loaded", action="store_true", help="say in results.md that other work loaded the machine")
     options = parser.parse_args(argv)
     steps = options.steps or (60 if options.quick else 400)
     lines = [f"{platform.processor() or platform.machine()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
@@ -199,17 +200,21 @@ def main(argv=None) -> None:
         "times kept, the K/V read after the call straight into numpy arrays). probe.call's VM is another VM of "
         "the same executable, which is why capture=None can come out a few percent below the plain call. "
         f"{ONE_VALUE} is a kernel output under `default`; under `fused` it is kept inside a fused kernel, so "
-        "a call copies that kernel's inputs and `get` recomputes it. Why \"everything\" misses: under `default` it "
-        "copies the transposed weights every call (each a kernel output: ~320 KB of a step's ~340 KB at hidden "
-        "64), and a call that keeps its capture (every probe.call does, until forget_calls) needs memory no "
-        "earlier capture holds: writing 340 KB there, out of every cache, costs ~70-90 us on this machine, "
-        "where the hooks, their clocks and copies into a warm arena cost ~10 us (measured apart: one "
-        "hooked call of everything into the same arena each time runs within 10 % of capture=None). One-off "
-        "arenas are cut from 16 MiB chunks (huge pages) to spare the page faults; the K/V are read straight "
-        "into numpy arrays (~10 us). Not copying values that depend on the weights alone at every call "
-        "would meet the target, but then a call's values would be another call's: not done.",
+        "a call copies that kernel's inputs and `get` recomputes it. What \"everything\" copies: under `default` "
+        "~320 KB of a step's ~340 KB (hidden 64) are the transposed weights, kernel outputs TVM recomputes every "
+        "call from the weights alone; writing them into memory no earlier capture holds (every probe.call keeps "
+        "its capture until forget_calls) cost ~70-90 us a step. Such outputs (no user input, no KV cache, no "
+        "shape variable of the call among what they are computed from: capture/weights_only.py) are captured at "
+        "a function's first two calls of everything, compared byte for byte, and from then on served from the "
+        "first capture, which `probe.provenance(name, call=k)` says (a difference warns and captures them at "
+        "every call; set_params starts over); every other output is copied at every call. What is left: the "
+        "hooks on every kernel and their clocks, the copies of what depends on the call's input, the K/V read "
+        "straight into numpy arrays (~10 us). One-off arenas are cut from 16 MiB chunks (huge pages) to spare "
+        "the page faults.",
         "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))
-        + ". Ratios vary by a few percent between runs on this 2-core machine.", ""]
+        + ". Ratios vary by a few percent between runs on this 2-core machine."
+        + (" Measured while other work loaded the machine's cores: re-measure on a quiet machine."
+           if options.loaded else ""), ""]
     print(write_section(TITLE, lines))
 
 

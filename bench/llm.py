@@ -12,7 +12,7 @@ another order), medians:
   ...)`` fed numpy token ids with ``capture=None`` (target <= 1.02x), ``["model.layers.0"]``
   (<= 1.05x) and everything (<= 1.5x);
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
-  (the eager reference included, every value compared; target <= 2.5x).
+  (the eager reference, teacher-forced, included; every value compared; target <= 2.5x).
 
 Prints the tables and writes them to bench/results.md (section "LLM decode step and generation").
 """
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", default="default")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="60 rounds and 7 generations (while developing)")
+    parser.add_argument("--loaded", action="store_true", help="say in results.md that other work loaded the machine")
     options = parser.parse_args(argv)
     options.repeat = options.repeat or (60 if options.quick else 400)
     generation_rounds = 7 if options.quick else 31
@@ -148,12 +149,20 @@ def main(argv=None) -> int:
               "that call's shapes (grown when a call needs more, kept for the next), each output's place and "
               "shape written in a layout buffer copied after the call (a site's views are made from it when "
               "read); no Python runs between kernels. From a function's second call on (a generation's second "
-              "decode step), calls take the prepared path (capture.FastCall), everything included. The "
-              "compare's eager reference (transformers, every module wrapped) costs the same whatever the "
-              "generation costs, so a cheaper generation raises that ratio; on 2 cores PyTorch's threads also "
-              "compete with TVM's spinning thread pool (see docs/llm.md).",
+              "decode step), calls take the prepared path (capture.FastCall), everything included. Kernel "
+              "outputs computed from the weights alone (the transposed weights: no input, no KV cache, no past "
+              "length among what they come from) are captured at the first two decode steps of everything, "
+              "compared byte for byte, then served from the first (capture/weights_only.py; "
+              "`probe.provenance(name, call=k)` says so). The compare's eager reference is teacher-forced with "
+              "the generation's tokens: one forward over the prompt and the tokens, each step's values taken at "
+              "its positions along each module's sequence axis, proved by one decode step run as the generation "
+              "ran it (else step by step): two eager calls whatever the number of steps. On 2 cores PyTorch's threads compete with TVM's spinning "
+              "thread pool and with any other load (see docs/llm.md): the eager forward is where a loaded "
+              "machine shows most.",
               "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))
-              + ". Ratios vary by a few percent between runs on this 2-core machine.", ""]
+              + ". Ratios vary by a few percent between runs on this 2-core machine."
+              + (" Measured while other work loaded the machine's cores: re-measure on a quiet machine."
+                 if options.loaded else ""), ""]
     sys.path.insert(0, str(HERE))
     from sections import write_section
 

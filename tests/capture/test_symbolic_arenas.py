@@ -4,8 +4,10 @@ into an arena the native session sizes from that call's shapes, with no Python b
 and later calls of a selection take the prepared call (FastCall), "everything" included.
 
 Each call is made twice with the same arguments and the same selection: through the new paths,
-then through TVM's instrument (the path that checks every call against the kernel map); every
-value selected must be equal, byte for byte.  Selections are drawn at random (seeded) from
+then through TVM's instrument (the path that checks every call against the kernel map, copying
+every value itself); every value selected must be equal, byte for byte — those computed from the
+weights alone too, which calls of everything serve from an earlier call's capture once two calls
+captured them alike, and capture again after ``set_params``.  Selections are drawn at random (seeded) from
 nothing, everything and a few values, and repeat, so the same shapes come back (the layout made
 for them is reused) and new ones come (a past one longer each decode step).
 """
@@ -17,10 +19,12 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_probe import Probe
+from tvm_probe import Probe, load_dump
 from tvm_probe.capture.kernel_hook import HOOK
 from tvm_probe.capture.result import ArenaOutputs, LayoutOutputs
+from tvm_probe.capture.weights_only import ServedOutputs
 from tvm_probe.core.sources import Served
+from tvm_probe.kernel_map import ArgKind
 
 from support.hf_models import decoder_ids, hf_decoder
 from support.nn_llama import LlamaConfig, LlamaForCausalLM, hf_llama, mlc_weights
@@ -37,11 +41,16 @@ CHECKED_OF_ALL = 40  # values compared per call that captured everything (recomp
 def instrumented(probe):
     """Every function's calls through TVM's instrument while the block runs (no hooks, no
     prepared calls); what was prepared comes back after."""
-    executors = [p._executor for p in probe.functions.values()]
+    functions = list(probe.functions.values())
+    executors = [p._executor for p in functions]
     saved = [(e._hook_allowed, dict(e.fast_calls)) for e in executors]
-    for e in executors:
+    # nothing served from an earlier call either: the instrument copies the weights-only outputs
+    weights, calls = [p._weights for p in functions], dict(probe._fast_calls)
+    for e, p in zip(executors, functions):
         e._hook_allowed = False
         e.fast_calls.clear()
+        p._weights = None
+    probe._fast_calls.clear()
     try:
         yield
     finally:
@@ -49,6 +58,10 @@ def instrumented(probe):
             e._hook_allowed = allowed
             e.fast_calls.clear()
             e.fast_calls.update(fast)
+        for p, w in zip(functions, weights):
+            p._weights = w
+        probe._fast_calls.clear()
+        probe._fast_calls.update(calls)
 
 
 def served_keys(probe, function: str) -> list[str]:
@@ -63,6 +76,14 @@ def selections(rng, keys: list[str], count: int) -> list:
     return [choices[i] for i in rng.integers(0, len(choices), size=count)]
 
 
+def weights_only_keys(probe, function: str) -> list[str]:
+    """The served keys of ``function`` whose kernel output depends on the weights alone."""
+    fp = probe.functions[function]
+    sites = fp._weights.sites if fp._weights is not None else ()
+    return [k for k in served_keys(probe, function)
+            if fp.kernel_map.places.get(k) is not None and fp.kernel_map.places[k].site in sites]
+
+
 def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: int, made=None) -> None:
     """Call ``fast`` (the new paths) serves what call ``slow`` (the instrument) serves (``made``
     gets the pair, to check again once later calls ran: an arena a kept capture uses must not be
@@ -71,11 +92,15 @@ def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: 
         made.append((keys, selection, fast, slow))
     record = probe.call_record(fast)
     assert probe.call_record(slow).capture.instrument != HOOK
+    outputs = record.capture.outputs
+    if isinstance(outputs, ServedOutputs):  # the weights-only outputs served from an earlier call
+        outputs = outputs._own
     if record.capture.instrument == HOOK and selection:  # copied by the native hooks, into an arena
-        assert isinstance(record.capture.outputs, (ArenaOutputs, LayoutOutputs)) and record.capture.copied_bytes > 0
+        assert isinstance(outputs, (ArenaOutputs, LayoutOutputs)) and record.capture.copied_bytes > 0
     names = list(selection or [])
-    if selection == "all":
+    if selection == "all":  # a sample, and every value of the weights alone (served or copied)
         names = sorted(rng.choice(keys, size=min(CHECKED_OF_ALL, len(keys)), replace=False).tolist())
+        names += weights_only_keys(probe, record.function)
     for name in names:
         got, want = probe.get(name, call=fast), probe.get(name, call=slow)
         assert got.shape == want.shape and got.dtype == want.dtype, (name, fast)
@@ -112,10 +137,33 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
                           *out[1:])
         hooked.append(probe.call_record(fast).capture.instrument == HOOK)
         token = int(out[0].numpy()[0, -1].argmax())
+    served = []
+    for k in range(3):  # three more of everything: the weights-only values are served by the last at least
+        out, fast = twice("decode", "all", np.array([[token]], np.int64), np.array([[16 + k]], np.int64), *out[1:])
+        served.append(probe.call_record(fast).capture.served_from)
+        token = int(out[0].numpy()[0, -1].argmax())
+    assert_served_from_an_earlier_call(probe, "decode", served, fast)
     assert all(hooked[1:]), hooked  # (the first decode step checks every call through the instrument)
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
     for pair in made:  # every call's values still as they were
         assert_same_values(probe, rng, *pair)
+
+
+def assert_served_from_an_earlier_call(probe, function: str, served: list, last: int) -> None:
+    """The last of ``served`` (calls of everything) came from an earlier call's capture, and the
+    weights-only values of call ``last`` say so; other values are that call's own.  (Under
+    ``fused`` a pipeline may keep every weights-only value inside kernels: then none is served.)"""
+    weights_only = weights_only_keys(probe, function)
+    if not probe.functions[function]._weights.sites:
+        assert served == [None] * len(served), served
+        return
+    assert served[-1] is not None and served[-1] < last, served
+    assert weights_only, f"{function}: no source value is a weights-only kernel output"
+    said = probe.provenance(weights_only[0], call=last)
+    assert said.startswith(f"captured at call {served[-1]}; computed from the weights alone"), said
+    others = [k for k in served_keys(probe, function) if k not in weights_only
+              and probe.functions[function].servings[k].served is Served.CAPTURED]
+    assert probe.provenance(others[0], call=last) == f"captured at call {last}"
 
 
 def _nn_cache(probe):
@@ -126,15 +174,15 @@ def _nn_cache(probe):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline):
+def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline, tmp_path):
     """Prefill (symbolic sequence length) in chunks of several lengths, then decode steps (static
     shapes), each call made on two caches kept alike: one through the new paths, one through
     the instrument."""
     rng = np.random.default_rng(36)
     config = LlamaConfig()
     model = LlamaForCausalLM(config)
-    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=mlc_weights(hf_llama(config)),
-                          pipeline=pipeline)
+    weights = mlc_weights(hf_llama(config))
+    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=weights, pipeline=pipeline)
     begin, end = (tvm.get_global_func(f"vm.builtin.kv_state_{n}") for n in ("begin_forward", "end_forward"))
     caches = _nn_cache(probe), _nn_cache(probe)
     keys = {f: [k for k in served_keys(probe, f) if ".layers." not in k or not k.startswith("paged_kv_cache")]
@@ -156,10 +204,62 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
     for ids, selection in zip(chunks, selections(rng, keys["prefill"], len(chunks))):
         twice("prefill", selection, ids)
     hooked = []
-    for selection in selections(rng, keys["decode"], 8):
+    for selection in selections(rng, keys["decode"], 8) + ["all"] * 3:  # the last served from an earlier one
         fast = twice("decode", selection, rng.integers(2, 120, size=(1, 1)).astype("int32"))
         hooked.append(probe.call_record(fast).capture.instrument == HOOK)
     assert all(hooked[1:]), hooked
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    assert_served_from_an_earlier_call(probe, "decode", [probe.call_record(fast).capture.served_from], fast)
     for pair in kept:  # every call's values still as they were
         assert_same_values(probe, rng, *pair)
+    # a dump holds every call's weights-only values, those served from an earlier call included
+    probe.forget_calls(keep_last=2)
+    root = probe.dump(tmp_path / "dump")
+    for key in weights_only_keys(probe, "decode")[:3]:
+        dumped = load_dump(root / "calls" / f"{fast:04d}_decode").get_tensor(key)
+        np.testing.assert_array_equal(dumped, probe.get(key, call=fast), err_msg=key)
+    # new weights: what the old ones computed is served no more; two calls capture it again
+    fp = probe.functions["decode"]
+    used = {a.input_index for i in fp._weights.sites for a in fp.kernel_map.sites[i].args if a.kind is ArgKind.INPUT}
+    name = fp.imported.params[min(used)][0]
+    probe.set_params({name: weights[name] * 1.5})
+    kept.clear()
+    served = []
+    for selection in ["all"] * 3 + selections(rng, keys["decode"], 3):
+        fast = twice("decode", selection, rng.integers(2, 120, size=(1, 1)).astype("int32"))
+        served.append(probe.call_record(fast).capture.served_from)
+    assert served[:2] == [None, None] and served[2] is not None, served
+    np.testing.assert_array_equal(probe.get(name, call=fast), weights[name] * 1.5)
+    for pair in kept:
+        assert_same_values(probe, rng, *pair)
+
+
+def test_weights_only_outputs_that_differ_between_two_calls_warn_and_are_captured_at_every_call():
+    """A nondeterministic kernel among those computed from the weights alone: the two first
+    captures differ (here the first's copy is changed, as such a kernel would have written it),
+    so the probe warns, names it, and every later call copies those outputs itself."""
+    config = LlamaConfig()
+    model = LlamaForCausalLM(config)
+    probe = Probe.from_nn(model, model.get_default_spec("plain"), params=mlc_weights(hf_llama(config)),
+                          pipeline="default")
+    begin, end = (tvm.get_global_func(f"vm.builtin.kv_state_{n}") for n in ("begin_forward", "end_forward"))
+    cache = _nn_cache(probe)
+
+    def step(token: int):
+        begin(cache, ST([0]), ST([1]))
+        probe.call("decode", tvm.runtime.tensor(np.array([[token]], np.int32)), cache)
+        end(cache)
+        return probe.call_record(probe.num_calls - 1).capture
+
+    step(3)
+    first = probe.num_calls - 1  # (call 0 made the cache)
+    weights = probe.functions["decode"]._weights
+    site = sorted(weights.sites)[0]
+    weights._first[1][site][0].flat[0] += 1  # what a nondeterministic kernel would have done
+    with pytest.warns(RuntimeWarning, match=rf"computed from the weights alone differ between calls {first} and {first + 1} "
+                                            rf"\(a nondeterministic kernel, e\.g\. call site {site}\)"):
+        step(4)
+    later = [step(t) for t in (5, 6, 7)]
+    assert [c.served_from for c in later] == [None] * 3 and weights.plan() is weights.everything
+    key = weights_only_keys(probe, "decode")[0]
+    assert probe.provenance(key, call=probe.num_calls - 1) == f"captured at call {probe.num_calls - 1}"

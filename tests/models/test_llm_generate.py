@@ -254,6 +254,58 @@ def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch)
     assert step == 1 and name.startswith("module:model.layers.1.mlp"), name  # the model's own path
 
 
+@pytest.mark.parametrize("family", ["llama", *(pytest.param(f, marks=pytest.mark.slow)
+                                               for f in ("qwen2", "mistral", "gpt2", "phi3", "gemma"))])
+def test_the_teacher_forced_reference_equals_the_step_by_step_one(family):
+    """Fed eager's own tokens, the two-call teacher-forced reference (one forward over the whole
+    sequence sliced per step, one decode step proving each module's sequence axis) gives the
+    tokens and, at every step, the same module paths with the same values as eager stepping
+    token by token; no module of these families needed stepping."""
+    from tvm_probe.llm.reference import sequence_axis
+
+    model, ids = hf_decoder(family), decoder_ids(0, batch=1, seq=PROMPT)
+    stepwise = reference_generate(model, ids, STEPS)
+    forced = reference_generate(model, ids, STEPS, tokens=stepwise.tokens)
+    assert forced.tokens == stepwise.tokens and forced.stepwise == []
+    for step, (got, expected) in enumerate(zip(forced.values, stepwise.values, strict=True)):
+        assert set(got) == set(expected) and len(got) > 25, step
+        for path, array in expected.items():
+            np.testing.assert_allclose(got[path], array, atol=1e-5, err_msg=f"step {step} {path}")
+    # the sequence axis is proved or refused, never guessed
+    assert sequence_axis((1, 1, 64), (1, 13, 64), 13) == 1
+    assert sequence_axis((1, 2, 9, 16), (1, 2, 13, 16), 13) is None  # grows with the cache, past included
+    assert sequence_axis((1, 1, 9), (1, 13, 13), 13) is None  # two axes move
+    assert sequence_axis((1, 64), (1, 64), 13) is None  # not per token
+
+
+def test_a_perturbed_decode_is_found_at_the_same_step_and_value_by_both_references(monkeypatch):
+    """Decode built with one weight slightly scaled: the teacher-forced reference (the default,
+    its later steps sliced from one forward) finds, at every step, the same first divergent value
+    as the step-by-step reference, from step 1 on (the prefill passes)."""
+    import tvm_probe.importer.hf as hf
+
+    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
+    projection = model.model.layers[1].mlp.down_proj
+    weight, plain_import = projection.weight, hf.import_decode
+
+    def perturbed(step, *args, **kwargs):
+        projection.weight = torch.nn.Parameter(weight.detach() * 1.02)
+        try:
+            return plain_import(step, *args, **kwargs)
+        finally:
+            projection.weight = weight
+
+    monkeypatch.setattr(hf, "import_decode", perturbed)
+    probe = Probe.from_hf(model, pipeline="default", max_len=16)
+    tokens = probe.generate(ids, steps=STEPS)
+    forced, stepwise = compare_generation(probe), compare_generation(probe, reference=reference_generate(model, ids, STEPS))
+    assert forced.tokens == stepwise.tokens == tokens and forced.reference_tokens == stepwise.reference_tokens
+    firsts = [[n if isinstance(n, str) else None for n in r.table()["first_divergent"]] for r in (forced, stepwise)]
+    assert firsts[0] == firsts[1], firsts
+    assert firsts[0][0] is None and all(str(n).startswith("module:model.layers.1.mlp") for n in firsts[0][1:]), firsts
+    assert forced.first_divergent == stepwise.first_divergent == (1, firsts[0][1])
+
+
 class _Counter(torch.nn.Module):
     """A buffer updated in place every call (as a static KV cache's ``index_put``)."""
 
@@ -331,7 +383,7 @@ def test_a_generate_config_compares_every_step_through_the_cli(tmp_path):
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     assert lines[-1] == "all 4 steps within tolerance; the same 4 tokens"
-    assert lines[0].startswith("tokens: [") and lines[1].startswith("transformers (eager, same cache): [")
+    assert lines[0].startswith("tokens: [") and lines[1].startswith("transformers (eager, same cache, fed the tokens above): [")
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "report" / "step_layer_errors.csv", index_col="step")

@@ -41,6 +41,9 @@ class Capture:
     returned: object = None  # what the VM function returned (``DebugExecutor.run(..., raw=True)``)
     #: native hooks' times not yet made into the dicts: (site indices, [starts, durations] array)
     timing: tuple | None = None
+    #: the call whose capture serves this one's outputs computed from the weights alone (None:
+    #: this run copied them itself; see :mod:`tvm_probe.capture.weights_only`)
+    served_from: int | None = None
 
     def kernel_times(self) -> tuple[dict[int, float], dict[int, float]]:
         """``(start_us, time_us)`` by call site (made from the hooks' times when first asked:

@@ -18,7 +18,8 @@ class GenerationComparison:
 
     Attributes:
         calls: the :class:`~tvm_probe.probe.calls.CallsComparison` (one Comparison per call).
-        tokens, reference_tokens: the two generations.
+        tokens, reference_tokens: the generation's tokens, and eager's at each step (by default
+            eager fed the generation's tokens: after a first difference it goes on from them).
         first_token_step: the first step whose token differs, or None.
     """
 
@@ -61,14 +62,20 @@ class GenerationComparison:
 
 def compare_generation(probe, reference: ReferenceGeneration | None = None, atol=None, rtol=None,
                        generation: Generation | None = None) -> GenerationComparison:
-    """Compare the probe's last ``generate`` with ``reference`` (default: made now in eager
-    PyTorch with the same prompt and number of steps), call by call, by module path."""
+    """Compare the probe's last ``generate`` with ``reference``, call by call, by module path.
+
+    The default reference is made now in eager PyTorch, teacher-forced with the generation's own
+    tokens (:func:`~tvm_probe.llm.reference.teacher_forced`: two eager calls whatever the
+    number of steps): each step's values are what eager computes from the same context, and its
+    tokens eager's argmax there, so the first different token is where the two first disagree.
+    Pass ``reference=reference_generate(probe, prompt, steps)`` for eager's own free-running
+    generation instead."""
     hf = getattr(probe, "hf", None)
     if hf is None or not hf.generations:
         raise ProbeError("compare_generation() needs a probe made by Probe.from_hf that has run generate()")
     generation = generation or hf.generations[-1]
     if reference is None:
-        reference = reference_generate(probe, generation.prompt, len(generation.tokens))
+        reference = reference_generate(probe, generation.prompt, len(generation.tokens), tokens=generation.tokens)
     steps = len(generation.tokens)
     refs = [_served(probe, generation.calls[i], reference.values[i]) for i in range(steps)]
     calls = compare_calls(probe, refs, atol=atol, rtol=rtol, calls=generation.calls)

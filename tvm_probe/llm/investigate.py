@@ -36,7 +36,7 @@ class GenerationOutcome:
         with pd.option_context("display.width", 200, "display.float_format", "{:.2g}".format):
             shown = [table.to_string()] if not table.empty else []
         files = [f"{kind}: {path}" for kind, path in self.report.items()]
-        return [f"tokens: {self.generation.tokens}", f"transformers (eager, same cache): "
+        return [f"tokens: {self.generation.tokens}", f"transformers (eager, same cache, fed the tokens above): "
                 f"{self.comparison.reference_tokens}", *shown, *files, self.comparison.verdict()]
 
 

@@ -2,12 +2,13 @@
 module's output recorded per call (issue 24).  torch is imported lazily."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..importer.hf import WRAPPED, cache_shape, make_cache_step, positions
+from ..core.errors import InputError
 from ..importer.torch_export import require_torch
 from ..probe.generate import prompt_ids
 
@@ -20,25 +21,122 @@ class ReferenceGeneration:
 
     tokens: list[int]
     values: list[dict]
+    past: list | None = field(default=None, repr=False)  # the eager cache after the last step
+    logits_shapes: tuple = field(default=(), repr=False)  # the logits' shape at each step
+    #: teacher-forced: the module paths taken from eager stepping token by token (no sequence
+    #: axis proved for them), the others sliced from one forward (see :func:`teacher_forced`)
+    stepwise: list = field(default_factory=list)
 
 
-def reference_generate(model_or_probe, input_ids, steps: int) -> ReferenceGeneration:
-    """Greedy generation in eager PyTorch with the functional cache, recording module outputs."""
-    torch = require_torch()
+def reference_generate(model_or_probe, input_ids, steps: int, tokens=None) -> ReferenceGeneration:
+    """The eager reference of a ``steps``-step generation, recording every module's output per step.
+
+    ``tokens=None``: greedy generation in eager PyTorch with the functional cache, one step at a
+    time (its own tokens fed back).  ``tokens`` (the generation under test's: at least
+    ``steps - 1``): teacher-forced, those tokens fed, as :func:`teacher_forced` computes it in
+    two eager calls; ``tokens`` of the result are then the eager model's argmax at each step
+    (after the first difference they continue the generation under test, not eager's own)."""
+    step, shape = _eager_step(model_or_probe)
+    ids = require_torch().from_numpy(prompt_ids(input_ids))
+    if tokens is not None:
+        return teacher_forced(step, shape, ids, steps, [int(t) for t in tokens])
+    return _stepwise(step, shape, ids, steps, fed=None)
+
+
+def _eager_step(model_or_probe):
+    """The :class:`CacheStep` and its :class:`CacheShape` of a ``from_hf`` probe or a model."""
     hf = getattr(model_or_probe, "hf", None)
     step = hf.step if hf is not None else make_cache_step(model_or_probe)
     shape = (hf.reference_shape or hf.shape) if hf is not None else cache_shape(step)
-    ids = torch.from_numpy(prompt_ids(input_ids))
-    past, feed, position = shape.empty(1), ids, positions(0, ids.shape[1], 1)
-    tokens, values = [], []
+    return step, shape
+
+
+def _stepwise(step, shape, ids, steps: int, fed: list[int] | None, start=None) -> ReferenceGeneration:
+    """Step by step through the functional cache: the prefill, then one token a call, fed its own
+    argmax (``fed=None``) or ``fed[i - 1]`` at step i.  ``start`` = ``(past, i)``: go on from step
+    ``i`` with that cache (what an earlier call returned)."""
+    torch = require_torch()
+    prompt_len = ids.shape[1]
+    past, first = start if start is not None else (shape.empty(1), 0)
+    tokens, values, shapes = [], [], []
     with ModuleRecorder(getattr(step, WRAPPED)) as recorder, torch.no_grad():
-        for i in range(steps):
+        for i in range(first, steps):
+            if i == 0:
+                feed, position = ids, positions(0, prompt_len, 1)
+            else:
+                token = tokens[-1] if fed is None else fed[i - 1]
+                feed, position = torch.tensor([[token]]), positions(prompt_len + i - 1, 1, 1)
             out = step(feed, position, *past)
             values.append(recorder.take())
             tokens.append(int(out[0][0, -1].argmax()))
+            shapes.append(tuple(out[0].shape))
             past = list(out[1:])
-            feed, position = torch.tensor([[tokens[-1]]]), positions(ids.shape[1] + i, 1, 1)
-    return ReferenceGeneration(tokens=tokens, values=values)
+    return ReferenceGeneration(tokens=tokens, values=values, past=past, logits_shapes=tuple(shapes))
+
+
+def teacher_forced(step, shape, ids, steps: int, fed: list[int]) -> ReferenceGeneration:
+    """The reference of a generation that fed ``fed`` (its own tokens), in two eager calls.
+
+    One forward over the prompt and ``fed[:steps-1]`` (positions from 0, no past) holds every
+    step: the prefill's values are its positions ``[0, prompt_len)``, decode step i's its
+    position ``prompt_len + i - 1``, each taken along the module's sequence axis.  That axis is
+    proved per module, never guessed: one decode step runs as the generation ran it (fed
+    ``fed[0]`` after the forward's own cache of the prompt; its values are step 1's), and
+    :func:`sequence_axis` finds the one axis whose size is 1 there and the forward's length in
+    the forward, all others equal.  A module where none is proved (an output that grows with the
+    cache, one that runs in the prefill only) gets every step from the step-by-step reference,
+    fed the same tokens (:attr:`ReferenceGeneration.stepwise` lists them)."""
+    torch = require_torch()
+    if len(fed) < steps - 1:
+        raise InputError(f"a teacher-forced reference of {steps} steps needs {steps - 1} tokens, got {len(fed)}")
+    if steps == 1:
+        first = _stepwise(step, shape, ids, 1, fed)
+        return ReferenceGeneration(tokens=first.tokens, values=first.values)
+    prompt_len, length = ids.shape[1], ids.shape[1] + steps - 1
+    whole = torch.cat([ids, torch.tensor([fed[:steps - 1]], dtype=ids.dtype)], dim=1)
+    with ModuleRecorder(getattr(step, WRAPPED)) as recorder, torch.no_grad():
+        logits, *present = step(whole, positions(0, length, 1), *shape.empty(1))
+        forward = recorder.take()
+    # (the cache of the prompt alone: the forward's, up to the prompt's end along the length axis)
+    run = _stepwise(step, shape, ids, 2, fed, start=([t[:, :, :prompt_len] for t in present], 1))
+    decode = run.values[0]
+    axes = {path: sequence_axis(decode[path].shape, forward[path].shape, length)
+            for path in forward if path in decode}
+    unproved = sorted({path for path in (*forward, *decode) if axes.get(path) is None})
+    logits_axis = sequence_axis(run.logits_shapes[0], tuple(logits.shape), length)
+    stepwise = _stepwise(step, shape, ids, steps, fed) if unproved or logits_axis != 1 else None
+    values, tokens = [], []
+    for i in range(steps):
+        span = (0, prompt_len) if i == 0 else (prompt_len + i - 1, prompt_len + i)
+        paths = forward if i == 0 else decode
+        values.append(dict(decode) if i == 1 else
+                      {path: _span(forward[path], axes[path], *span) for path in paths if axes.get(path) is not None})
+        tokens.append(run.tokens[0] if i == 1 else
+                      int(logits[0, span[1] - 1].argmax()) if logits_axis == 1 else stepwise.tokens[i])
+        if stepwise is not None and i != 1:
+            values[i].update({path: stepwise.values[i][path] for path in unproved if path in stepwise.values[i]})
+    return ReferenceGeneration(tokens=tokens, values=values, stepwise=unproved)
+
+
+def sequence_axis(decode: tuple, forward: tuple, length: int) -> int | None:
+    """The one axis along which a module's output is per token, or None where it cannot be proved.
+
+    ``decode``/``forward``: the output's shapes in a decode step (one token after a past) and in
+    a forward over ``length`` tokens (no past).  Proved when exactly one axis differs, of size
+    1 in the decode step and ``length`` in the forward (an output whose size follows the cache,
+    past included, is not 1 in the decode step; one of several token axes differs twice)."""
+    if len(decode) != len(forward) or length < 2:
+        return None
+    differing = [a for a in range(len(forward)) if decode[a] != forward[a]]
+    if len(differing) != 1:
+        return None
+    axis = differing[0]
+    return axis if (decode[axis], forward[axis]) == (1, length) else None
+
+
+def _span(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """``array``'s positions ``[start, stop)`` along ``axis`` (a view)."""
+    return array[(slice(None),) * axis + (slice(start, stop),)]
 
 
 class ModuleRecorder:

@@ -15,6 +15,8 @@ import numpy as np
 
 from ..build.compile import BuiltModel
 from ..capture.executor import Capture, CapturePlanner, DebugExecutor
+from ..capture.plan import CapturePlan
+from ..capture.weights_only import WeightsOnly
 from ..core.device import device_label
 from ..core.errors import NotRunError, ProbeError
 from ..core.inputs import InputChecker
@@ -85,6 +87,7 @@ class Probe(Constructors, Results, Viewable):
         # call(function, capture, kernel_times) → (probe, plan, wanted, every kernel timed, KV caches to read)
         self._fast_calls: dict[tuple, tuple] = {}
         self._call_plans: dict = {}  # call(): capture selection → _call_plan()
+        self._weights: WeightsOnly | None = None  # call() of everything: outputs of the weights alone
         self._kv: KVCaches | None = None  # call(): the paged KV caches of this function, found at the first call
         self._timed_by: Capture | None = None  # the capture whose times (and sizes) the nodes show
         self._symbolic = any(isinstance(d, str) for n in self.node_infos for shape in n.out_shapes for d in shape)
@@ -146,10 +149,14 @@ class Probe(Constructors, Results, Viewable):
         key = (function, capture if capture is None or type(capture) is str else tuple(capture), kernel_times)
         fast = self._fast_calls.get(key)
         if fast is not None:  # a call made before: what was decided then holds (a decode loop)
-            probe, plan, wanted, every, layouts = fast
+            probe, plan, wanted, every, layouts, weights = fast
+            if weights is not None and weights.served is not None:  # (weights-only outputs: served)
+                plan, every = weights.reduced, True
             run, arguments = probe._executor.fast_calls.get((plan, every)), probe._arguments.as_passed(args)
             if run is not None and arguments is not None:
                 result = run(arguments, probe._arguments.arrays_at)
+                if weights is not None:
+                    weights.took(self.num_calls, result, plan)
                 record = self._record_call(function, result, wanted)
                 if layouts:  # what the KV caches hold after this call (it changes with the next)
                     record.kv.update(KVCaches.read(arguments, layouts))
@@ -161,11 +168,16 @@ class Probe(Constructors, Results, Viewable):
         layouts, plan, wanted = probe._call_plan(capture)
         if self._calls.last is not None and self._calls.last.function != function:
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
-        result = probe._executor.run(arrays, plan, raw=True, kernel_times=kernel_times,
+        weights, every = probe._weights_only(plan, wanted), bool(kernel_times)
+        run_plan, run_every = plan, every
+        if weights is not None and weights.served is not None:
+            run_plan, run_every = weights.reduced, True  # (every kernel timed, as a capture of everything is)
+        result = probe._executor.run(arrays, run_plan, raw=True, kernel_times=run_every or kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
-        every = bool(kernel_times)
-        if probe._executor.fast_call(plan, every):
-            self._fast_calls[key] = probe, plan, wanted, every, layouts
+        if weights is not None:
+            weights.took(self.num_calls, result, run_plan)
+        if probe._executor.fast_call(run_plan, run_every):  # (the plan asked for: set_params may go back to it)
+            self._fast_calls[key] = probe, plan, wanted, every, layouts, weights
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
             record.kv.update(KVCaches.read(arrays, layouts))
@@ -192,6 +204,9 @@ class Probe(Constructors, Results, Viewable):
             for i, tensor in replace_held(probe.imported, tensors).items():
                 if probe._arguments is not None:  # the arguments template of call()'s fast path
                     probe._arguments.template[i] = tensor
+        for probe in self._functions.values():  # what the old weights computed is served no more
+            if probe._weights is not None:
+                probe._weights.reset()
         self.forget_calls()
 
     def _record_call(self, function: str, result: Capture, wanted) -> CallRecord:
@@ -208,6 +223,31 @@ class Probe(Constructors, Results, Viewable):
         if self._kv is None:
             self._kv = KVCaches(self.imported.mod["main"])
         return self._kv
+
+    def _weights_only(self, plan: CapturePlan, wanted) -> WeightsOnly | None:
+        """This function's :class:`~tvm_probe.capture.weights_only.WeightsOnly` for a call of
+        everything (``plan``, ``wanted`` None), made at its first; None for other selections."""
+        if wanted is not None or plan.outputs is not None:
+            return None
+        if self._weights is None or self._weights.everything is not plan:
+            self._weights = WeightsOnly(self.kernel_map, getattr(self.imported, "held", {}), plan)
+        return self._weights
+
+    def provenance(self, name: str, call: int | None = None) -> str:
+        """Where the value of ``name`` in call ``call`` (default: the last) comes from: that call's
+        own capture, or — for a kernel output computed from the weights alone, once two calls
+        captured it alike — the capture of the call that first did (see
+        :mod:`tvm_probe.capture.weights_only`).  How it is served otherwise: :meth:`served`."""
+        record = self.call_record(call)
+        probe = self._function_probe(record.function)
+        key = probe.resolve(name)
+        place, weights = probe.kernel_map.places.get(key), probe._weights
+        found = weights.provenance(place.site, record.capture) if weights is not None and place is not None \
+            and place.site is not None and place.site >= 0 else None
+        if found is not None:
+            return found
+        number = call if call is not None and call >= 0 else self.num_calls + (call if call is not None else -1)
+        return f"{probe.served(key).value} at call {number}"
 
     def _call_plan(self, capture: CaptureSpec) -> tuple:
         """``(KV caches to read after the call, CapturePlan, wanted keys)`` for ``capture``, made
