@@ -124,31 +124,45 @@ def _pipeline_pass(pipeline: str):
     return resolve_pipeline(pipeline, tvm.target.Target("llvm"))[0]
 
 
-def run_vm(mod, pipeline: str, args) -> list[np.ndarray]:
-    """``tvm.compile(mod)`` with ``pipeline`` and one run on the CPU: the outputs, flattened."""
+def run_vm(mod, pipeline: str, args, outputs: int | None = None) -> list:
+    """``tvm.compile(mod)`` with ``pipeline`` and one run on the CPU: the outputs, flattened (or,
+    given the number of ``outputs`` of ``main``, one item per output: an array, or a sequence's
+    list of arrays)."""
     import tvm
     from tvm import relax
 
     ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline_pass(pipeline))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     # np.require, not ascontiguousarray: that turns a 0-d input (an If's condition, TopK's k) 1-d
-    runs = [to_numpy_list(vm["main"](*[tvm.runtime.tensor(np.require(a, requirements="C")) for a in args]))
-            for _ in range(2)]
+    results = [vm["main"](*[tvm.runtime.tensor(np.require(a, requirements="C")) for a in args]) for _ in range(2)]
+    runs = [to_numpy_list(r) for r in results]
     if len(runs[0]) != len(runs[1]) or not all(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
                                                for a, b in zip(*runs)):
         # (a reduction over an empty axis reads memory it never wrote: nothing to compare with)
         raise RuntimeError("plain TVM's outputs differ between two runs of one build on the same inputs")
-    return runs[0]
+    if outputs is None:
+        return runs[0]
+    return [_one_output(item) for item in (list(results[0]) if outputs > 1 else [results[0]])]
+
+
+def _one_output(item):
+    """One output as an array, or a sequence (a tuple of tensors) as its list of arrays."""
+    import tvm
+
+    if isinstance(item, (list, tuple, tvm.ir.Array)) and not isinstance(item, tvm.runtime.ShapeTuple):
+        return [a for v in item for a in to_numpy_list(v)]
+    return to_numpy_list(item)[0]
 
 
 # -- ONNX ----------------------------------------------------------------------------------------
-def onnx_plain(model, inputs: Mapping[str, np.ndarray], pipeline: str) -> list[np.ndarray]:
-    """Plain TVM: ``from_onnx``, ``tvm.compile``, the VM."""
+def onnx_plain(model, inputs: Mapping[str, np.ndarray], pipeline: str, outputs: int | None = None) -> list:
+    """Plain TVM: ``from_onnx``, ``tvm.compile``, the VM (outputs as :func:`run_vm` gives them)."""
     from tvm.relax.frontend.onnx import from_onnx
 
     mod = from_onnx(model)
     inits = {t.name for t in model.graph.initializer}
-    return run_vm(mod, pipeline, [inputs[i.name] for i in model.graph.input if i.name not in inits])
+    return run_vm(mod, pipeline, [inputs[i.name] for i in model.graph.input if i.name not in inits],
+                  outputs)
 
 
 def with_all_outputs(model):
@@ -191,14 +205,21 @@ def ort_values(model, inputs) -> dict[str, np.ndarray]:
 
 def tvm_values(model, inputs, pipeline) -> dict[str, np.ndarray]:
     """Plain TVM's value of every node output: the model built with all of them as outputs
-    ({} if that build fails, or its outputs do not flatten one array per name)."""
+    ({} if that build fails, or it returns another number of outputs); a sequence as its list of
+    arrays, and each element ``k`` under ``name[k]`` too, as :func:`ort_values` gives them."""
     m = with_all_outputs(model)
+    names = [o.name for o in m.graph.output]
     try:
-        outs = onnx_plain(m, inputs, pipeline)
+        outs = onnx_plain(m, inputs, pipeline, outputs=len(names))
     except Exception:
         return {}
-    names = [o.name for o in m.graph.output]
-    return dict(zip(names, outs)) if len(outs) == len(names) else {}
+    if len(outs) != len(names):
+        return {}
+    values = dict(zip(names, outs))
+    for name, seq in list(values.items()):
+        if isinstance(seq, list):
+            values.update({f"{name}[{k}]": v for k, v in enumerate(seq)})
+    return values
 
 
 def run_onnx(case: Case, pipeline: str) -> Outcome:
