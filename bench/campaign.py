@@ -187,7 +187,7 @@ def summarize(outcomes: list[Outcome], seconds: float, command: str) -> str:
               + (f" (+{len(o.problems) - 1} more)" if len(o.problems) > 1 else "") for o in failing] or ["- none"]
     plain = Counter(reason_class(o.plain) for o in outcomes if not o.ran_plain)
     lines += ["", "Not built or run by plain TVM (not ours to run), by reason:", ""]
-    lines += [f"- {n} × {why}" for why, n in plain.most_common(40)] or ["- none"]
+    lines += [f"- {n} × {why}" for why, n in plain.most_common()] or ["- none"]
     return "\n".join(lines) + "\n"
 
 
