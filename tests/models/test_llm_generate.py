@@ -226,24 +226,30 @@ def test_a_decode_loop_fed_numpy_takes_the_prepared_call_and_equals_eager(llama_
                    capture=None)
 
 
-def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch):
-    """The decode function is built with one weight scaled (prefill is not): step 0 passes, step 1
-    is the first divergent call, at that projection; the tokens may or may not change."""
+def _perturb_decode(monkeypatch, model, scale: float) -> None:
+    """Make ``Probe.from_hf`` build the decode function (not prefill) with layer 1's
+    ``mlp.down_proj`` weight scaled by ``scale``."""
     import tvm_probe.importer.hf as hf  # where Probe.from_hf imports decode from
 
-    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
     projection = model.model.layers[1].mlp.down_proj
     weight, plain_import = projection.weight, hf.import_decode
 
     def perturbed(step, *args, **kwargs):
         # a new tensor, not an in-place change: the import may keep views of the weights it read
-        projection.weight = torch.nn.Parameter(weight.detach() * 1.5)
+        projection.weight = torch.nn.Parameter(weight.detach() * scale)
         try:
             return plain_import(step, *args, **kwargs)
         finally:
             projection.weight = weight
 
     monkeypatch.setattr(hf, "import_decode", perturbed)
+
+
+def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch):
+    """The decode function is built with one weight scaled (prefill is not): step 0 passes, step 1
+    is the first divergent call, at that projection; the tokens may or may not change."""
+    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
+    _perturb_decode(monkeypatch, model, 1.5)
     probe = Probe.from_hf(model, pipeline="default", max_len=16)
     probe.generate(ids, steps=3)
     result = compare_generation(probe)
@@ -282,20 +288,8 @@ def test_a_perturbed_decode_is_found_at_the_same_step_and_value_by_both_referenc
     """Decode built with one weight slightly scaled: the teacher-forced reference (the default,
     its later steps sliced from one forward) finds, at every step, the same first divergent value
     as the step-by-step reference, from step 1 on (the prefill passes)."""
-    import tvm_probe.importer.hf as hf
-
     model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
-    projection = model.model.layers[1].mlp.down_proj
-    weight, plain_import = projection.weight, hf.import_decode
-
-    def perturbed(step, *args, **kwargs):
-        projection.weight = torch.nn.Parameter(weight.detach() * 1.02)
-        try:
-            return plain_import(step, *args, **kwargs)
-        finally:
-            projection.weight = weight
-
-    monkeypatch.setattr(hf, "import_decode", perturbed)
+    _perturb_decode(monkeypatch, model, 1.02)
     probe = Probe.from_hf(model, pipeline="default", max_len=16)
     tokens = probe.generate(ids, steps=STEPS)
     forced, stepwise = compare_generation(probe), compare_generation(probe, reference=reference_generate(model, ids, STEPS))
