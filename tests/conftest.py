@@ -29,7 +29,8 @@ from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values  # noq
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core, at most 4 (each worker holds its own compiled models)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # (macOS: no affinity)
+    return max(1, min(4, cores or 1))
 
 
 def pytest_sessionfinish(session):
