@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-SECTION = "## Precision search (bench/precision.py)"
+TITLE = "Precision search (bench/precision.py)"
 TARGET = {"kind": "llvm", "opt-level": 0}  # LLVM's optimizer takes minutes on fp16 erf kernels (docs/precision.md)
 sys.path.insert(0, str(HERE.parent / "tests" / "tools"))  # test_precision.py, whose models this measures
 sys.path.insert(0, str(HERE))
@@ -99,24 +99,13 @@ def main() -> None:
             "and ran, the plain fp16 one included; the fp32 build and the one module of local-error slices are not "
             "counted. Output error: max abs error of the model outputs against onnxruntime (tolerance atol 5e-3, "
             "rtol 5e-3).")
-    lines = [SECTION, "", note, "",
+    lines = [note, "",
              "| model | ops | rebuilds | keep_fp32 found | plain fp16 output error | with keep_fp32 | search time |",
              "|---|---|---|---|---|---|---|", *rows]
-    path = HERE / "results.md"
-    old = path.read_text(encoding="utf-8") if path.exists() else "# tvm_probe benchmark results\n"
-    path.write_text(with_section(old, "\n".join(lines)), encoding="utf-8")
-    print("\n".join(lines))
+    from sections import write_section  # (bench/, on sys.path above)
 
+    print(write_section(TITLE, lines))
 
-def with_section(text: str, section: str) -> str:
-    """``text`` with the section titled like ``section`` replaced, or ``section`` appended; the
-    other sections are left exactly as they are."""
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        return text.rstrip("\n") + "\n\n" + section + "\n"
-    end = text.find("\n## ", start + len(SECTION))
-    rest = text[end + 1:] if end >= 0 else ""
-    return text[:start] + section + ("\n\n" if rest else "\n") + rest
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SECTION = "## Quantization sensitivity (bench/quantization.py)"
+TITLE = "Quantization sensitivity (bench/quantization.py)"
 sys.path.insert(0, str(HERE.parent / "tests" / "tools"))  # test_quantization_onnx.py, whose models this measures
 sys.path.insert(0, str(HERE))
 
@@ -106,24 +106,14 @@ def main() -> None:
             "on both models. sensitivity (after compare_quantized, reusing its build): the switchable build, "
             "one real build of the top-ranked op to check it, one run per op. Each alone: every single-op "
             "variant compiled as its own model.")
-    lines = [SECTION, "", note, "",
+    lines = [note, "",
              ("| model | quantized ops | one build + run | compare_quantized | sensitivity | each variant alone "
               "| ranked first |"),
              "|---|---|---|---|---|---|---|", *rows]
-    path = HERE / "results.md"
-    old = path.read_text(encoding="utf-8") if path.exists() else "# tvm_probe benchmark results\n"
-    path.write_text(with_section(old, "\n".join(lines)), encoding="utf-8")
-    print("\n".join(lines))
+    from sections import write_section  # (bench/, on sys.path above)
 
+    print(write_section(TITLE, lines))
 
-def with_section(text: str, section: str) -> str:
-    """``text`` with the section titled like ``section`` replaced, or ``section`` appended."""
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        return text.rstrip("\n") + "\n\n" + section + "\n"
-    end = text.find("\n## ", start + len(SECTION))
-    rest = text[end + 1:] if end >= 0 else ""
-    return text[:start] + section + ("\n\n" if rest else "\n") + rest
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ def write_section(title: str, lines: list[str], results: Path = RESULTS) -> str:
     """Put ``## title`` followed by ``lines`` in ``results`` (in place of a section of that
     title, else at the end); returns the section's text."""
     section = "\n".join([f"## {title}", "", *lines]).rstrip("\n") + "\n"
-    text = results.read_text() if results.exists() else ""
+    text = results.read_text(encoding="utf-8") if results.exists() else "# tvm_probe benchmark results\n"
     start = text.find(f"## {title}\n")
-    if start >= 0:
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start].rstrip("\n") + ("\n\n" + text[nxt + 1:] if nxt >= 0 else "")
-    results.write_text(text.rstrip("\n") + "\n\n" + section)
+    if start < 0:
+        results.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
+        return section
+    nxt = text.find("\n## ", start + 1)
+    rest = text[nxt + 1:] if nxt >= 0 else ""
+    results.write_text(text[:start] + section + ("\n" + rest if rest else ""), encoding="utf-8")
     return section
