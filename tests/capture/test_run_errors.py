@@ -6,31 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper as h
+from support.relax_models import refusing_module
 from support.small_onnx import FLOAT, INT64, model, tensor
 
 from tvm_probe import Probe
 from tvm_probe.capture.transfer import Transfers
 from tvm_probe.core.errors import InternalError, ProbeError, TVMError, TVMRunError, raised_by_tvm
 
-
-def refusing_module(name: str):
-    """exp → a packed kernel that raises → add: TVM fails while running it."""
-    import tvm
-    from tvm import relax
-
-    @tvm.register_global_func(name, override=True)
-    def _refuse(x, out):
-        raise ValueError("the custom kernel refuses its input")
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.exp(x))
-            z = bb.emit(relax.call_dps_packed(name, (y,), out_ty=relax.TensorType((4,), "float32")))
-            w = bb.emit_output(relax.op.add(z, y))
-        bb.emit_func_output(w)
-    return bb.get()
 
 
 def test_what_tvm_raised_is_tvms():
@@ -40,7 +22,7 @@ def test_what_tvm_raised_is_tvms():
         tvm.get_global_func("relax.run.nonzero")("not a tensor")
     assert raised_by_tvm(raised.value)
     assert not raised_by_tvm(TypeError("'int' object is not iterable"))
-    probe = Probe.from_relax(refusing_module("tvm_probe_tests.refuse_in_run_errors"))
+    probe = Probe.from_relax(refusing_module("tvm_probe_tests.refuse_in_run_errors")[0])
     with pytest.raises(TVMRunError, match="the custom kernel refuses its input"):
         probe.run({"x": np.ones(4, "float32")})
 

@@ -32,6 +32,7 @@ from tvm_probe.importer.onnx import import_onnx
 from tvm_probe.kernel_map import build_kernel_map
 
 from support import SUPPORT
+from support.relax_models import refusing_module
 
 POW_WARNING = ("Detected pow(x, y) where y >= 3, it is recommended to avoid this as it may lead to uninteded "
                "behaviors when x < 0. Perhaps with `x * x * x ...` or `pow(x, 2) * pow(x, 2) ...`.")
@@ -257,23 +258,12 @@ def test_a_kernel_that_raises_at_run_time_is_named():
     from tvm_probe.importer.model import ImportedModel
     from tvm_probe.core.sources import Kind, SourceMap, SourceValue
 
-    @tvm.register_global_func("tvm_probe_tests.refuse", override=True)
-    def _refuse(x, out):
-        raise ValueError("the custom kernel refuses its input")
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.exp(x))
-            z = bb.emit(relax.call_dps_packed("tvm_probe_tests.refuse", (y,), out_ty=relax.TensorType((4,), "float32")))
-            w = bb.emit_output(relax.op.add(z, y))
-        bb.emit_func_output(w)
+    mod, (x, y, z, w) = refusing_module("tvm_probe_tests.refuse")
     sources = SourceMap(model_inputs=["x"], model_outputs=["add"])
     for key, op, kind in [("x", "Input", Kind.INPUT), ("exp", "Exp", Kind.VALUE), ("custom", "MyOp", Kind.VALUE),
                           ("add", "Add", Kind.VALUE)]:
         sources.add(SourceValue(key=key, node=key, op_type=op, kind=kind))
-    imported = ImportedModel(mod=bb.get(), sources=sources, var_keys={x: ["x"], y: ["exp"], z: ["custom"], w: ["add"]})
+    imported = ImportedModel(mod=mod, sources=sources, var_keys={x: ["x"], y: ["exp"], z: ["custom"], w: ["add"]})
     built = compile_with_snapshots(imported.mod, "llvm", "fused", imported=imported)
     kmap = build_kernel_map(imported, built.snapshots)
 
