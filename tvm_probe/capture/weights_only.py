@@ -64,9 +64,11 @@ class WeightsOnly:
         self.compared: tuple[int, int] | None = None  # the two calls whose captures agreed
         self.every_call = not self.sites  # nothing to serve, or a nondeterministic kernel among them
 
-    def plan(self) -> CapturePlan:
-        """The plan of this function's next call of everything."""
-        return self.reduced if self.served is not None else self.everything
+    def next_run(self, every: bool) -> tuple[CapturePlan, bool]:
+        """The plan of this function's next call of everything, and whether it times every kernel
+        (``every``: as asked); once the weights-only outputs are served, the reduced plan, every
+        kernel timed as a capture of everything is."""
+        return (self.reduced, True) if self.served is not None else (self.everything, every)
 
     def took(self, call: int, capture: Capture, plan: CapturePlan) -> None:
         """After call ``call`` ran ``plan`` (:meth:`plan`'s): serve, or observe, its capture."""

@@ -150,8 +150,8 @@ class Probe(Constructors, Results, Viewable):
         fast = self._fast_calls.get(key)
         if fast is not None:  # a call made before: what was decided then holds (a decode loop)
             probe, plan, wanted, every, layouts, weights = fast
-            if weights is not None and weights.served is not None:  # (weights-only outputs: served)
-                plan, every = weights.reduced, True
+            if weights is not None:  # (once served, the weights-only outputs are not copied)
+                plan, every = weights.next_run(every)
             run, arguments = probe._executor.fast_calls.get((plan, every)), probe._arguments.as_passed(args)
             if run is not None and arguments is not None:
                 result = run(arguments, probe._arguments.arrays_at)
@@ -169,9 +169,7 @@ class Probe(Constructors, Results, Viewable):
         if self._calls.last is not None and self._calls.last.function != function:
             probe._executor.forget_instrument()  # the VM holds the other function's instrument
         weights, every = probe._weights_only(plan, wanted), bool(kernel_times)
-        run_plan, run_every = plan, every
-        if weights is not None and weights.served is not None:
-            run_plan, run_every = weights.reduced, True  # (every kernel timed, as a capture of everything is)
+        run_plan, run_every = weights.next_run(every) if weights is not None else (plan, every)
         result = probe._executor.run(arrays, run_plan, raw=True, kernel_times=run_every or kernel_times,
                                      arrays_at=probe._arguments.arrays_at)
         if weights is not None:
