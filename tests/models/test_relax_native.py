@@ -132,6 +132,16 @@ def test_forgotten_calls_say_so():
     with pytest.raises(NotRunError, match="call 0 .*forgotten"):
         p.get("o", call=0)
     np.testing.assert_allclose(p.get("o"), encode_ref(XS[1])["o"], rtol=1e-5)
+    # forgetting again, keeping more than before, brings nothing back and keeps what was kept
+    p.call("encode", XS[0])
+    p.forget_calls(keep_last=3)
+    with pytest.raises(NotRunError, match="call 0 .*forgotten"):
+        p.get("o", call=0)
+    np.testing.assert_allclose(p.get("o", call=1), encode_ref(XS[1])["o"], rtol=1e-5)
+    p.forget_calls(keep_last=1)
+    with pytest.raises(NotRunError, match="call 1 .*forgotten"):
+        p.get("o", call=1)
+    np.testing.assert_allclose(p.get("o", call=2), encode_ref(XS[0])["o"], rtol=1e-5)
 
 
 def test_selective_capture_across_functions():

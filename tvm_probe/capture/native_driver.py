@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from ..core.errors import TVMBehaviourChanged, TVMRunError
+from ..core.memory import Chunks
 from ..kernel_map import ArgKind, KernelMap
 from . import native
 from .kernel_hook import HookedVM, host_array, host_copy
@@ -90,11 +91,10 @@ class NativePlan:
     # arenas kept for reuse: the one the last run's Capture holds, and one to fill (calls that keep
     # their captures hold arenas anyway: theirs are one-offs, cut from chunks below)
     _POOL = 2
-    # one-off arenas of at most _CUT_BELOW bytes are cut from chunks of this size: numpy asks for
-    # huge pages for arrays this large, so paging a chunk in costs a fault per 2 MiB, where a
-    # fresh arena of its own faults every 4 KiB (~80 faults for a 320 KiB decode step)
+    # one-off arenas (a quarter of a chunk at most) are cut from chunks of this size
+    # (core.memory.Chunks): a fresh arena of its own faults every 4 KiB (~80 faults for a 320 KiB
+    # decode step) and costs microseconds to make
     _CHUNK = 16 << 20
-    _CUT_BELOW = _CHUNK // 4
 
     def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict,
                  sync_device: tuple[int, int] | None = None, dynamic: bool = False):
@@ -138,7 +138,7 @@ class NativePlan:
         # arenas made: [array, its reference count when only the pool holds it, address]
         self._pool: list[list] = []
         self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
-        self._chunk, self._chunk_address, self._chunk_bytes, self._cut_at = None, 0, 0, 0  # small arenas
+        self._small = Chunks(self._CHUNK)  # one-off arenas, cut from chunks
 
     def arena(self) -> tuple[np.ndarray | None, int]:
         """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
@@ -155,10 +155,7 @@ class NativePlan:
             if _references(entry[0]) == entry[1]:
                 return entry[0], entry[2]
         if len(pool) >= self._POOL:  # all held (calls keep their captures): a one-off
-            if self.arena_bytes <= self._CUT_BELOW:
-                return self._cut()
-            fresh = np.empty(self.arena_bytes, dtype=np.uint8)
-            return fresh, fresh.__array_interface__["data"][0]
+            return self._small.take(self.arena_bytes)
         entry = [np.empty(self.arena_bytes, dtype=np.uint8), 0, 0]
         entry[1] = _references(entry[0])  # held by the pool's entry alone (measured as the check above does)
         entry[2] = entry[0].__array_interface__["data"][0]
@@ -177,21 +174,6 @@ class NativePlan:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
         argument position (a symbolic dimension's value, passed as an int, as it is)."""
         return dict(zip(self.untracked[site], [host_copy(t) for t in tensors]))
-
-    def _cut(self) -> tuple[np.ndarray, int]:
-        """A small one-off arena, cut from a chunk of many: a slice, where a new array and its
-        address cost microseconds (a decode step that copies one value is that short).  A chunk
-        is freed when no arena cut from it is held any more."""
-        n = self.arena_bytes
-        if self._cut_at + n > self._chunk_bytes:
-            chunk = np.empty(self._CHUNK + native.ALIGN, dtype=np.uint8)
-            skip = -chunk.__array_interface__["data"][0] % native.ALIGN  # arena offsets assume aligned starts
-            self._chunk = chunk[skip:skip + self._CHUNK]
-            self._chunk_address = chunk.__array_interface__["data"][0] + skip
-            self._chunk_bytes, self._cut_at = self._CHUNK // n * n, 0
-        at = self._cut_at
-        self._cut_at = at + n
-        return self._chunk[at:at + n], self._chunk_address + at
 
 
 def _references(array: np.ndarray) -> int:

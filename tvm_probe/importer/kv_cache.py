@@ -16,11 +16,14 @@ What can be seen, and what cannot:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from ..core.dtypes import numpy_dtype
+from ..core.memory import Chunks
 
 ATTENTION = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"
 
@@ -44,8 +47,13 @@ class CacheLayout:
     dtype: str
 
     def names(self) -> list[str]:
-        """Every K/V name :func:`read_kv` serves."""
-        return [f"{self.name}.layers.{i}.{kv}" for i in range(self.layers) for kv in ("k", "v")]
+        """Every K/V name :func:`read_kv` serves: each layer's K, then its V."""
+        return list(self.places)
+
+    @cached_property
+    def places(self) -> dict[str, tuple[int, int]]:
+        """``{K/V name: (0 for K, 1 for V; layer)}``."""
+        return {f"{self.name}.layers.{i}.{kv}": (j, i) for i in range(self.layers) for j, kv in enumerate("kv")}
 
 
 def cache_layouts(func) -> list[CacheLayout]:
@@ -72,56 +80,67 @@ def cache_layouts(func) -> list[CacheLayout]:
     return [CacheLayout(param=p, name=func.params[p].name, **e) for p, e in found.items()]
 
 
-def read_kv(cache, layout: CacheLayout, seq: int = 0) -> dict[str, np.ndarray]:
+def read_kv(cache, layout: CacheLayout, seq: int = 0) -> "KVContents":
     """What ``cache`` holds for sequence ``seq`` now: ``{name: (length, kv heads, head dim)}``.
 
-    Read straight into numpy arrays made here (wrapped for TVM through DLPack, no copy):
-    ``tvm.runtime.empty`` and ``Tensor.numpy()`` cost ~20 us each, which a decode step that
-    reads its cache every call cannot afford."""
-    import tvm_ffi
-
-    length, get_kv = _kv_functions()
+    Read straight into numpy arrays cut from a chunk made once (wrapped for TVM through DLPack,
+    no copy): ``tvm.runtime.empty`` and ``Tensor.numpy()`` cost ~20 us each, and an array of its
+    own, aligned, ~2 us, which a decode step that reads its cache every call cannot afford."""
+    length, get_kv, from_dlpack = _kv_functions()
     n = int(length(cache, seq))
     shape = (layout.layers, n, layout.kv_heads, layout.head_dim)
-    if _numpy(layout.dtype) is None:  # (no numpy form to read into: TVM's tensors, copied)
+    dtype = _numpy(layout.dtype)
+    if dtype is None:  # (no numpy form to read into: TVM's tensors, copied)
         import tvm
 
         k, v = tvm.runtime.empty(shape, layout.dtype), tvm.runtime.empty(shape, layout.dtype)
         if n:
             get_kv(cache, seq, 0, n, k, v)
-        k, v = k.numpy(), v.numpy()
-    else:
-        k, v = _aligned(shape, layout.dtype), _aligned(shape, layout.dtype)
-        if n:
-            get_kv(cache, seq, 0, n, tvm_ffi.from_dlpack(k), tvm_ffi.from_dlpack(v))
-    out = {}
-    for i in range(layout.layers):
-        out[f"{layout.name}.layers.{i}.k"] = k[i]
-        out[f"{layout.name}.layers.{i}.v"] = v[i]
-    return out
+        return KVContents(layout, k.numpy(), v.numpy())
+    nbytes = math.prod(shape) * dtype.itemsize
+    k = _BLOCKS.take(nbytes)[0].view(dtype).reshape(shape)
+    v = _BLOCKS.take(nbytes)[0].view(dtype).reshape(shape)
+    if n:
+        get_kv(cache, seq, 0, n, from_dlpack(k), from_dlpack(v))
+    return KVContents(layout, k, v)
+
+
+class KVContents(Mapping):
+    """What :func:`read_kv` read: ``{name: (length, kv heads, head dim)}``, each a view of the
+    K or V of every layer, made when read (a decode step reads its cache at every call)."""
+
+    def __init__(self, layout: CacheLayout, k: np.ndarray, v: np.ndarray):
+        self._places, self._kv = layout.places, (k, v)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        which, layer = self._places[name]
+        return self._kv[which][layer]
+
+    def __contains__(self, name) -> bool:
+        return name in self._places
+
+    def __iter__(self):
+        return iter(self._places)
+
+    def __len__(self) -> int:
+        return len(self._places)
 
 
 _KV_FUNCTIONS: list = []
+_BLOCKS = Chunks(1 << 20)  # (what every call's K/V is read into)
 
 
 def _kv_functions():
-    """The paged KV cache's sequence length and debug read builtins (looked up once)."""
+    """The paged KV cache's sequence length and debug read builtins, and DLPack's import (looked
+    up once)."""
     if not _KV_FUNCTIONS:
         import tvm
+        import tvm_ffi
 
         _KV_FUNCTIONS[:] = [tvm.get_global_func("vm.builtin.attention_kv_cache_get_sequence_length"),
-                            tvm.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")]
+                            tvm.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv"),
+                            tvm_ffi.from_dlpack]
     return _KV_FUNCTIONS
-
-
-def _aligned(shape: tuple, dtype: str, align: int = 64) -> np.ndarray:
-    """An uninitialised array starting on an ``align``-byte boundary (what TVM allocates; its
-    kernels may assume it)."""
-    dt = _numpy(dtype)
-    nbytes = math.prod(shape) * dt.itemsize
-    raw = np.empty(nbytes + align, np.uint8)
-    skip = -raw.__array_interface__["data"][0] % align
-    return raw[skip:skip + nbytes].view(dt).reshape(shape)
 
 
 _NUMPY_DTYPES: dict = {}

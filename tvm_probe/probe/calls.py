@@ -39,7 +39,7 @@ class CallRecord:
     time_us: float
     captured_bytes: int
     values: dict = field(default_factory=dict)
-    kv: dict = field(default_factory=dict)  # KV cache contents after the call, by name
+    kv: Mapping = field(default_factory=dict)  # KV cache contents after the call, by name
 
 
 class CallLog:
@@ -48,13 +48,14 @@ class CallLog:
 
     def __init__(self):
         self.records: list[CallRecord] = []
+        self._kept_from = 0  # records before this one are forgotten already
 
     def __len__(self) -> int:
         return len(self.records)
 
     def copy(self) -> "CallLog":
         log = CallLog()
-        log.records = list(self.records)
+        log.records, log._kept_from = list(self.records), self._kept_from
         return log
 
     @property
@@ -87,8 +88,10 @@ class CallLog:
         """Drop the captures of all calls but the last ``keep_last``."""
         if keep_last < 0:
             raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
-        for record in self.records[:len(self.records) - keep_last]:
+        end = max(len(self.records) - keep_last, 0)
+        for record in self.records[self._kept_from:end]:  # (a loop forgetting often pays for its new calls only)
             record.capture, record.values, record.kv, record.wanted = None, {}, {}, set()
+        self._kept_from = max(self._kept_from, end)
 
     def frame(self):
         """DataFrame: one row per call — call, function, time_us, captured_bytes."""

@@ -3,6 +3,7 @@ caches a function attends with (read after each call that asks for their K/V).""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Mapping
 
 from ..build.compile import Snapshots
 from ..importer.kv_cache import cache_layouts, read_kv
@@ -42,8 +43,10 @@ class KVCaches:
         return chosen, [n for n in names if n not in self.names]
 
     @staticmethod
-    def read(arguments, layouts) -> dict:
+    def read(arguments, layouts) -> Mapping:
         """What the caches ``layouts`` hold now, by name (``arguments``: the call's, by parameter)."""
+        if len(layouts) == 1:  # (the usual case: one cache, read as it is)
+            return read_kv(arguments[layouts[0].param], layouts[0])
         found = {}
         for layout in layouts:
             found.update(read_kv(arguments[layout.param], layout))

@@ -159,8 +159,8 @@ class Probe(Constructors, Results, Viewable):
                     weights.took(self.num_calls, result, plan)
                 record = self._record_call(function, result, wanted)
                 if layouts:  # what the KV caches hold after this call (it changes with the next)
-                    record.kv.update(KVCaches.read(arguments, layouts))
-                return result.returned
+                    record.kv = KVCaches.read(arguments, layouts)
+                return _hand_over(result)
         probe = self._functions.get(function) or self._function_probe(function)
         if probe._arguments is None:
             probe._arguments = CallArguments(probe.imported, function)
@@ -178,8 +178,8 @@ class Probe(Constructors, Results, Viewable):
             self._fast_calls[key] = probe, plan, wanted, every, layouts, weights
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
-            record.kv.update(KVCaches.read(arrays, layouts))
-        return result.returned
+            record.kv = KVCaches.read(arrays, layouts)
+        return _hand_over(result)
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
         """Replace weights the probe holds, by parameter name, in every function that takes them
@@ -614,3 +614,11 @@ class Probe(Constructors, Results, Viewable):
 #: What a run leaves on a probe (restored by :meth:`Probe.verify`, which runs it once more).
 _RUN_STATE = ("_capture", "_wanted", "_values", "_folded", "_calls", "_serve_run")
 
+
+
+def _hand_over(capture: Capture):
+    """What the VM function of a call returned, for its caller; the call's record keeps none of
+    it: nothing is served from it, and holding a decode step's logits and KV tensors until
+    ``forget_calls`` keeps the VM from reusing their memory (~25 us a step, measured)."""
+    returned, capture.returned = capture.returned, None
+    return returned

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core import dtypes
+from ...core.memory import ALIGN  # (every tensor in an arena starts on a cache line)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ SOURCE = Path(__file__).with_name("instrument.cc")
 PLAN_MAGIC = "tvm_probe.plan.2"
 #: The global function a VM's ``set_instrument`` can be given by name, with a session id.
 FACTORY = "tvm_probe.capture.instrument"
-ALIGN = 64  # every tensor in the arena starts on a cache line
 MAX_DIMS = 8  # shapes are stored inline in the C++ plan (kMaxDims)
 
 
