@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from ..core.errors import TVMBehaviourChanged, TVMRunError
-from ..core.memory import Chunks
+from ..core.memory import Chunks, aligned_bytes
 from ..kernel_map import ArgKind, KernelMap
 from . import native
 from .kernel_hook import HookedVM, host_array, host_copy
@@ -138,6 +138,13 @@ class NativePlan:
         # arenas made: [array, its reference count when only the pool holds it, address]
         self._pool: list[list] = []
         self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
+        # the layout rows a run's outputs are read from: those of the copied sites alone (a decode
+        # step copying one value must not copy the rows of a few hundred others), renumbered
+        self._rows_read = np.array([r for first, n in self.dynamic_rows.values() for r in range(first, first + n)],
+                                   dtype=np.intp)
+        self._compact_rows, at = {}, 0
+        for site, (_, n) in self.dynamic_rows.items():
+            self._compact_rows[site], at = (at, n), at + n
         self._small = Chunks(self._CHUNK)  # one-off arenas, cut from chunks
 
     def arena(self) -> tuple[np.ndarray | None, int]:
@@ -156,9 +163,9 @@ class NativePlan:
                 return entry[0], entry[2]
         if len(pool) >= self._POOL:  # all held (calls keep their captures): a one-off
             return self._small.take(self.arena_bytes)
-        entry = [np.empty(self.arena_bytes, dtype=np.uint8), 0, 0]
+        entry = [None, 0, 0]
+        entry[0], entry[2] = aligned_bytes(self.arena_bytes)  # (arena offsets assume an aligned start)
         entry[1] = _references(entry[0])  # held by the pool's entry alone (measured as the check above does)
-        entry[2] = entry[0].__array_interface__["data"][0]
         pool.append(entry)
         return entry[0], entry[2]
 
@@ -168,7 +175,7 @@ class NativePlan:
         arena = self.session.arena()
         if arena is None:
             return {}
-        return LayoutOutputs(arena, self.session.layout.copy(), self.dynamic_rows, self._site_dtypes)
+        return LayoutOutputs(arena, self.session.layout[self._rows_read], self._compact_rows, self._site_dtypes)
 
     def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by

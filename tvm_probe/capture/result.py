@@ -14,7 +14,7 @@ import numpy as np
 NATIVE, PYTHON = "native", "python"
 
 
-@dataclass
+@dataclass(slots=True)
 class Capture:
     """What one run produced: copied node outputs, per-node time, the model's outputs.
 

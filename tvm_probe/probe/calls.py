@@ -17,7 +17,7 @@ from ..core.inputs import check_input, fast_check
 from ..core.sources import Kind
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """One :meth:`Probe.call`.
 
