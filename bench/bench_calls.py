@@ -209,8 +209,11 @@ def main(argv=None) -> None:
         "first capture, which `probe.provenance(name, call=k)` says (a difference warns and captures them at "
         "every call; set_params starts over); every other output is copied at every call. What is left: the "
         "hooks on every kernel and their clocks, the copies of what depends on the call's input, the K/V read "
-        "straight into numpy arrays (~10 us). One-off arenas are cut from 16 MiB chunks (huge pages) to spare "
-        "the page faults.",
+        "after the call (into blocks cut from one chunk, served as views made when read: ~7 us alone, ~15 us "
+        "among the other variants, whose runs leave the caches cold for it), and the call's record. One-off "
+        "arenas are cut from 16 MiB chunks (huge pages) to spare the page faults (core/memory.py). Measured "
+        "apart, the hooked run of everything (hooks, clocks, copies) is ~6 us over the same VM's run with no "
+        "hook; Python after a run costs two to three times what it costs alone.",
         "", "Verdict: " + ("every target met" if not missed else "missed: " + "; ".join(missed))
         + ". Ratios vary by a few percent between runs on this 2-core machine."
         + (" Measured while other work loaded the machine's cores: re-measure on a quiet machine."
