@@ -86,6 +86,7 @@ class Transfers:
         self._device, self._remote = device, remote
         self._reusable = remote is None and on_host(device)  # held input tensors: on this machine's CPU only
         self.held: dict[int, tuple] = {}  # input position → (tensor, numpy view): to_device(reuse=True)
+        self._held_tensors: tuple | None = None  # (positions, tensors) of held: made again when it changes
         self._alias_check = None  # _aliases(): None until asked, False without the library
 
     def to_device(self, arrays: list[np.ndarray], times: list[float] | None = None, reuse: bool = False,
@@ -128,17 +129,24 @@ class Transfers:
         held = self.held
         if not held or arrays_at is not None and not arrays_at:
             return
-        used = [(i, slot[0]) for i, slot in held.items() if slot[0] is not None]
+        if self._held_tensors is None:  # (a decode loop feeds the same held tensors call after call)
+            used = [(i, slot[0]) for i, slot in held.items() if slot[0] is not None]
+            self._held_tensors = [i for i, _ in used], [t for _, t in used]
+        positions, tensors = self._held_tensors
         aliases = self._aliases()
         if aliases is not None:  # one native call: no Python object made for the result's items
-            bits = int(aliases(result, *(t for _, t in used)))
-            doomed = [i for k, (i, _) in enumerate(used) if bits >> k & 1]
+            bits = aliases(result, *tensors)
+            if not bits:
+                return
+            doomed = [i for k, i in enumerate(positions) if bits >> k & 1]
         else:
+            used = list(zip(positions, tensors))
             pointers = _data_pointers(result)
             doomed = [i for i, t in used if pointers is None or any(
                 t.data_ptr() <= p < t.data_ptr() + max(held[i][1].nbytes, 1) for p in pointers)]
         for i in doomed:
             del held[i]
+        self._held_tensors = None
 
     def _aliases(self):
         """The native ``aliases`` check, or None without the library."""
@@ -161,6 +169,7 @@ class Transfers:
             tensor, view = held.get(i) or (None, None)
             if view is None or view.shape != a.shape or view.dtype != a.dtype:
                 tensor, view = held[i] = _held_input(a, self._device)
+                self._held_tensors = None
             if view is None:  # a dtype numpy cannot view in place (bfloat16...): a new tensor
                 tensor = tvm_tensor(a, self._device)
             else:
