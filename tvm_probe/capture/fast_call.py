@@ -87,11 +87,11 @@ class FastCall:
             handle.give_up_aliased(result, arrays_at)
         capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
         if prepared.dynamic:  # (symbolic shapes: the session's arena, laid out by this call's shapes)
-            capture.outputs = prepared.outputs(stats)
+            capture.outputs = prepared.outputs()
         elif arena is not None:
             capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)
         if self._timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
-            capture.timing = self._sites, prepared.kept_times(self._columns)
+            capture.timing = self._sites, session.times[:, self._columns]
         return capture
 
     def _keep_untracked(self, kind: int, site: int, *tensors) -> None:

@@ -21,7 +21,7 @@ from ..core.memory import Chunks, aligned_bytes
 from ..kernel_map import ArgKind, KernelMap
 from . import native
 from .kernel_hook import HookedVM, host_array, host_copy
-from .native import CALLED, CAPACITY, COPIED_BYTES, COPY, EMIT, OWN_ARENA, STOPPED, UNEXPECTED
+from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED
 from .observer import ExecutorHandle, Observer, behaviour_changed
 from .plan import MAX_PLANS, CapturePlan
 from .result import ArenaOutputs, Capture, LayoutOutputs
@@ -146,7 +146,6 @@ class NativePlan:
         for site, (_, n) in self.dynamic_rows.items():
             self._compact_rows[site], at = (at, n), at + n
         self._small = Chunks(self._CHUNK)  # one-off arenas, cut from chunks
-        self._given: np.ndarray | None = None  # the arena arena() gave a dynamic plan's last run
 
     def arena(self) -> tuple[np.ndarray | None, int]:
         """An arena no Capture or array of an earlier run still uses (so reusing it overwrites
@@ -156,9 +155,6 @@ class NativePlan:
         into an arena of its own (remote, dynamic).
 
         """
-        if self.dynamic and not self.own_arena:  # as large as the runs so far needed (a larger run moves out)
-            self._given = self._small.take(int(self.session.stats[CAPACITY]))[0]
-            return self._given, self._given.__array_interface__["data"][0]
         if not self.arena_bytes or self.own_arena:
             return None, 0
         pool = self._pool
@@ -173,30 +169,13 @@ class NativePlan:
         pool.append(entry)
         return entry[0], entry[2]
 
-    def outputs(self, stats: list[int]) -> LayoutOutputs | dict:
-        """A dynamic plan's outputs of the last run (``stats``: its session's stats after it): views
-        of the arena :meth:`arena` gave it (or of the session's own, when the run outgrew that or
-        got none) at the places and shapes its layout rows say (copied: the next run writes them
-        again), made when read."""
-        arena = self.session.arena() if stats[OWN_ARENA] or self._given is None else self._given
+    def outputs(self) -> LayoutOutputs | dict:
+        """A dynamic plan's outputs of the last run: views of the session's arena at the places
+        and shapes its layout rows say (copied: the next run writes them again), made when read."""
+        arena = self.session.arena()
         if arena is None:
             return {}
-        return LayoutOutputs(arena, self._kept(self.session.layout, self._rows_read, 0), self._compact_rows,
-                             self._site_dtypes)
-
-    def kept_times(self, columns: np.ndarray) -> np.ndarray:
-        """The ``[starts, durations]`` of the last run's call sites ``columns`` (copied: the next run
-        writes the session's times again)."""
-        return self._kept(self.session.times, columns, 1)
-
-    def _kept(self, table: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
-        """``table``'s rows (axis 0) or columns (axis 1) ``indices``, copied into a block cut from
-        a chunk: after a VM run, a new array of a few KiB costs tens of microseconds (malloc sorts
-        out what the run freed), a block a slice."""
-        shape = list(table.shape)
-        shape[axis] = len(indices)
-        out = self._small.take(int(np.prod(shape)) * table.itemsize)[0].view(table.dtype).reshape(shape)
-        return np.take(table, indices, axis=axis, out=out)
+        return LayoutOutputs(arena, self.session.layout[self._rows_read], self._compact_rows, self._site_dtypes)
 
     def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
@@ -296,9 +275,7 @@ class NativeCalls(Observer):
             capture.time_us = {i: durations[i] for i in called}
             copied = {i: prepared.slots[i] for i in prepared.copied_sites if i in capture.time_us}
         capture.copied_bytes = stats[COPIED_BYTES]
-        if prepared.dynamic:
-            capture.outputs = prepared.outputs(stats)
-        elif self.arena is not None:
+        if self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, copied, prepared.dtypes)
         if stats[UNEXPECTED] or stats[CALLED] < len(durations):
             missing = [s for s in prepared.sites if s.index not in capture.time_us and not s.is_view]
@@ -341,9 +318,9 @@ class HookedNativeCalls(NativeCalls):
                        and not s.is_view]
             raise behaviour_changed(prepared.session.unexpected(), missing)
         if self.timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
-            capture.timing = sites, prepared.kept_times(self.vm.hooked_columns)
+            capture.timing = sites, prepared.session.times[:, self.vm.hooked_columns]
         capture.copied_bytes = stats[COPIED_BYTES]
         if prepared.dynamic:
-            capture.outputs = prepared.outputs(self.stats)
+            capture.outputs = prepared.outputs()
         elif self.arena is not None:
             capture.outputs = ArenaOutputs(self.arena, prepared.slots, prepared.dtypes)

@@ -242,9 +242,7 @@ def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: floa
 
 
 # ------------------------------------------------------------------------------------- sessions
-# the entries of NativeSession.stats; CAPACITY: the bytes a caller's arena for a dynamic plan's
-# next run should have; OWN_ARENA: the run outgrew the caller's arena, its outputs are in arena()
-UNEXPECTED, COPIED_BYTES, STOPPED, CALLED, CAPACITY, OWN_ARENA = range(6)
+UNEXPECTED, COPIED_BYTES, STOPPED, CALLED = range(4)  # the entries of NativeSession.stats
 
 
 class NativeSession:
@@ -254,11 +252,9 @@ class NativeSession:
         times: float64 ``[2, sites]`` written by each run: start (row 0) and duration (row 1)
             of each call in us, NaN for a call that did not happen.  A view of the instrument's own buffer,
             overwritten by the next run.
-        stats: int64 ``[6]`` written by each run: calls matching no site (UNEXPECTED), bytes
+        stats: int64 ``[4]`` written by each run: calls matching no site (UNEXPECTED), bytes
             copied (COPIED_BYTES), 1 if the instrument stopped the run (STOPPED), call sites
-            called (CALLED); for a plan copying by this call's shapes, the bytes the caller's
-            arena for the next run should have (CAPACITY) and 1 if this run outgrew the caller's
-            arena and copied into one of its own, :meth:`arena` (OWN_ARENA).
+            called (CALLED).
     """
 
     def __init__(self, library: NativeLibrary, session_id: int):

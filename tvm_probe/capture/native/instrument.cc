@@ -291,16 +291,11 @@ const DLTensor* AsTensor(const TVMFFIAny& value) {
  *
  * What a run did is written into two buffers Python maps once (no call after the run):
  *   times  float64 [2, sites]: start and duration of each call in us, NaN if it was not called
- *   stats  int64 [6]: calls matching no site, bytes copied, 1 if stopped, call sites called,
- *          the dynamic arena's capacity (the bytes a caller's arena for the next run should
- *          have), 1 if the run moved a caller's dynamic arena into one of its own (grown)
+ *   stats  int64 [4]: calls matching no site, bytes copied, 1 if stopped, call sites called
  */
 class Session {
  public:
-  enum Stat {
-    kUnexpected = 0, kCopiedBytes = 1, kStopped = 2, kCalled = 3, kCapacity = 4, kOwnArena = 5,
-    kNumStats = 6
-  };
+  enum Stat { kUnexpected = 0, kCopiedBytes = 1, kStopped = 2, kCalled = 3, kNumStats = 4 };
 
   explicit Session(Plan plan) : plan_(std::move(plan)) {
     for (size_t i = 0; i < plan_.names.size(); ++i) by_name_[plan_.names[i]] = int(i);
@@ -317,7 +312,6 @@ class Session {
         std::chrono::duration<double, std::milli>(plan_.signal_check_ms));
     std::fill(times_data_, times_data_ + 2 * n, NAN);
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
-    stats_data_[kCapacity] = dynamic_capacity_;
   }
 
   ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_, layout_}; }
@@ -326,8 +320,7 @@ class Session {
 
   /*!
    * \brief Reset before a run.  Outputs are copied to `arena_address` (the caller's memory,
-   * plan.arena_bytes long; for a dynamic plan, stats[kCapacity] bytes as read before the run) or,
-   * when it is 0, to an arena of the session's own (see Arena()).
+   * plan.arena_bytes long) or, when it is 0, to an arena of the session's own (see Arena()).
    * `on_event` (may be None) receives untracked inputs and emitted outputs.
    */
   void Begin(int64_t arena_address, ffi::Optional<ffi::Function> on_event) {
@@ -335,7 +328,6 @@ class Session {
     std::fill(seen_.begin(), seen_.end(), 0);
     std::fill(times_data_, times_data_ + 2 * plan_.sites.size(), NAN);
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
-    stats_data_[kCapacity] = dynamic_capacity_;
     symbol_cache_.Clear();  // pointers are only known stable within one run of one VM
     unexpected_.clear();
     error_.clear();
@@ -345,9 +337,6 @@ class Session {
       ResetLayout();
       cursor_ = 0;
     }
-    // a dynamic plan given the caller's memory: as many bytes as stats[kCapacity] said before
-    // the run (what the runs so far needed); a run needing more moves to an arena of its own
-    caller_capacity_ = plan_.dynamic && arena_address != 0 ? dynamic_capacity_ : 0;
     if (arena_address != 0) {
       arena_data_ = reinterpret_cast<char*>(arena_address);
     } else {
@@ -591,7 +580,7 @@ class Session {
   /*! \brief The dynamic arena holds at least `end` bytes: a larger one (what was copied so far
    * moved over) replaces it, here and in the pool, and is kept for later runs. */
   void Reserve(int64_t end) {
-    int64_t capacity = arena_.defined() ? arena_.shape()[0] : caller_capacity_;
+    int64_t capacity = arena_.defined() ? arena_.shape()[0] : 0;
     if (end <= capacity) return;
     ffi::Tensor grown = HostTensor(std::max<int64_t>(end, 2 * capacity), DLDataType{kDLUInt, 8, 1});
     if (cursor_ > 0) std::memcpy(grown.data_ptr(), arena_data_, cursor_);
@@ -601,8 +590,6 @@ class Session {
     arena_ = grown;
     arena_data_ = static_cast<char*>(arena_.data_ptr());
     dynamic_capacity_ = grown.shape()[0];
-    stats_data_[kCapacity] = dynamic_capacity_;
-    stats_data_[kOwnArena] = caller_capacity_ > 0 ? 1 : 0;
   }
 
   void ResetLayout() {
@@ -738,7 +725,6 @@ class Session {
   int64_t* layout_data_ = nullptr;
   int64_t cursor_ = 0;                // dynamic arena: bytes used in this run
   int64_t dynamic_capacity_ = 4096;   // dynamic arena: the size the last run needed, at least
-  int64_t caller_capacity_ = 0;       // dynamic arena: bytes of the caller's memory this run (0: none)
   bool running_ = false;  // between Begin and End
 };
 
