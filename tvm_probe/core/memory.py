@@ -3,9 +3,11 @@
 A decode step of a small model takes ~100 us; what it keeps per call (a capture's arena, the K/V
 its caches hold) is a few KiB.  A numpy array of its own costs microseconds to make and to align,
 and fresh memory faults a page per 4 KiB when first written; blocks cut from a large chunk cost a
-slice, and a chunk is paged in once (numpy asks for huge pages for arrays this large).
+slice (and numpy asks for huge pages for chunks of 4 MiB and more: a fault per 2 MiB).
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -21,6 +23,7 @@ class Chunks:
     def __init__(self, chunk: int = 16 << 20):
         self._size = chunk
         self._chunk, self._address, self._at = np.empty(0, np.uint8), 0, 0
+        self._lock = threading.Lock()  # (two threads must never be handed one block)
 
     def take(self, nbytes: int) -> tuple[np.ndarray, int]:
         """A block of ``nbytes`` uninitialised bytes starting on an :data:`ALIGN` boundary, and
@@ -28,12 +31,13 @@ class Chunks:
         rounded = -(-max(nbytes, 1) // ALIGN) * ALIGN
         if rounded > self._size // 4:
             return aligned_bytes(nbytes)
-        if self._at + rounded > self._chunk.size:
-            self._chunk, self._address = aligned_bytes(self._size)
-            self._at = 0
-        at = self._at
-        self._at = at + rounded
-        return self._chunk[at:at + nbytes], self._address + at
+        with self._lock:
+            if self._at + rounded > self._chunk.size:
+                self._chunk, self._address = aligned_bytes(self._size)
+                self._at = 0
+            chunk, at = self._chunk, self._at
+            self._at = at + rounded
+            return chunk[at:at + nbytes], self._address + at
 
 
 def aligned_bytes(nbytes: int) -> tuple[np.ndarray, int]:
