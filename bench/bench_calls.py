@@ -211,7 +211,7 @@ def main(argv=None) -> None:
         "through what that one prepared (capture.FastCall: the hooked function, its session, the expected call "
         "count; arenas reused from a queue once their captures are dropped), so the Python left is the argument "
         "list, one native call, the count check and the call's record; everything included (the hooked kernels' "
-        "times kept, the K/V read after the call straight into numpy arrays). probe.call's VM is another VM of "
+        "times kept, the K/V read after the call into blocks cut from one chunk). probe.call's VM is another VM of "
         "the same executable, which is why capture=None can come out a few percent below the plain call. "
         f"{ONE_VALUE} is a kernel output under `default`; under `fused` it is kept inside a fused kernel, so "
         "a call copies that kernel's inputs and `get` recomputes it. What \"everything\" copies: under `default` "

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
               "`probe.call` moves numpy arguments into tensors it made once (a result that may refer to one gives "
               "it up), as the fastest plain call here does. A call's record keeps nothing of what the VM "
               "returned: holding each step's logits and KV tensors until forget_calls kept the VM from reusing "
-              "their memory (~25 us a step). A decode step's shapes are symbolic (the past length): "
+              "their memory (15-27 us a step, measured twice). A decode step's shapes are symbolic (the past length): "
               "the native hooks copy the selected kernel outputs into an arena the capture session sizes from "
               "that call's shapes (grown when a call needs more, kept for the next), each output's place and "
               "shape written in a layout buffer copied after the call (a site's views are made from it when "

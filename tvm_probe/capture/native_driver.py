@@ -140,11 +140,11 @@ class NativePlan:
         self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
         # the layout rows a run's outputs are read from: those of the copied sites alone (a decode
         # step copying one value must not copy the rows of a few hundred others), renumbered
-        self._rows_read = np.array([r for first, n in self.dynamic_rows.values() for r in range(first, first + n)],
-                                   dtype=np.intp)
-        self._compact_rows, at = {}, 0
-        for site, (_, n) in self.dynamic_rows.items():
-            self._compact_rows[site], at = (at, n), at + n
+        rows_read, self._compact_rows = [], {}
+        for site, (first, n) in self.dynamic_rows.items():
+            self._compact_rows[site] = (len(rows_read), n)
+            rows_read.extend(range(first, first + n))
+        self._rows_read = np.array(rows_read, dtype=np.intp)
         self._small = Chunks(self._CHUNK)  # one-off arenas, cut from chunks
 
     def arena(self) -> tuple[np.ndarray | None, int]:
