@@ -147,6 +147,23 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
     for pair in made:  # every call's values still as they were
         assert_same_values(probe, rng, *pair)
+    assert_each_call_kept_its_kernel_times(probe, [c for _, s, c, _ in made if s == "all"])
+
+
+def assert_each_call_kept_its_kernel_times(probe, calls: list[int]) -> None:
+    """Calls of everything through the hooks kept their own kernel times (in their arena's header,
+    read only now, after later calls ran): every kernel timed, and no two calls alike."""
+    hooked = [c for c in calls if probe.call_record(c).capture.instrument == HOOK]
+    assert len(hooked) >= 2, calls
+    durations = []
+    for call in hooked:
+        record = probe.call_record(call)
+        starts, times = record.capture.kernel_times()
+        kernels = [s.index for s in probe.functions[record.function].kernel_map.sites if not s.is_view]
+        assert set(kernels) <= set(times), f"call {call}: kernels without a time"
+        assert all(0 <= times[i] < 1e7 and 0 <= starts[i] < 1e7 for i in kernels), call
+        durations.append(tuple(times[i] for i in kernels))
+    assert len(set(durations)) == len(durations), "two calls hold the same kernel times"
 
 
 def assert_served_from_an_earlier_call(probe, function: str, served: list, last: int) -> None:

@@ -13,7 +13,7 @@ from .kernel_hook import HOOK, HookedVM
 from .native import CALLED, COPIED_BYTES, STOPPED, UNEXPECTED
 from .observer import ExecutorHandle
 from .plan import CapturePlan
-from .result import ArenaOutputs, Capture
+from .result import Capture
 
 
 class FastCall:
@@ -37,11 +37,11 @@ class FastCall:
     """
 
     __slots__ = ("_handle", "_plan", "_function", "_prepared", "_switch", "_session", "_expected",
-                 "_hooked_call", "_capture", "_on_event", "_timed", "_sites", "_columns")
+                 "_hooked_call", "_capture", "_on_event", "_timed", "_sites")
 
     def __init__(self, handle: ExecutorHandle, vm: HookedVM, plan: CapturePlan, prepared, timed: bool = False):
         self._handle, self._plan, self._prepared = handle, plan, prepared
-        self._timed, self._sites, self._columns = timed, vm.hooked_sites, vm.hooked_columns
+        self._timed, self._sites = timed, vm.hooked_sites
         self._function = vm[handle.function]
         self._expected = vm.expected_calls
         self._capture: Capture | None = None
@@ -86,12 +86,7 @@ class FastCall:
         if arrays_at:  # (a result may refer to the held tensors the numpy arguments went into)
             handle.give_up_aliased(result, arrays_at)
         capture.returned, capture.copied_bytes = result, stats[COPIED_BYTES]
-        if prepared.dynamic:  # (symbolic shapes: the session's arena, laid out by this call's shapes)
-            capture.outputs = prepared.outputs()
-        elif arena is not None:
-            capture.outputs = ArenaOutputs(arena, prepared.slots, prepared.dtypes)
-        if self._timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
-            capture.timing = self._sites, session.times[:, self._columns]
+        prepared.keep_run(capture, arena, self._sites if self._timed else None)
         return capture
 
     def _keep_untracked(self, kind: int, site: int, *tensors) -> None:

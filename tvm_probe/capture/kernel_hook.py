@@ -61,7 +61,6 @@ class HookedVM:
         self.sites_of = {symbol: [s for s in kernel_map.sites if s.symbol == symbol] for symbol in self.hooked}
         #: the indices of the call sites of hooked kernels (helpers lowering added have none)
         self.hooked_sites = [s.index for s in kernel_map.sites if s.symbol in self.hooked]
-        self.hooked_columns = np.array(self.hooked_sites, dtype=np.intp)  # (to index the native times)
         self.prepared: dict = {}  # CapturePlan → its native session (tvm_probe.capture.native_driver.NativePlan)
         #: hooked kernel calls a run makes: at the call sites, and of the helpers called a fixed number of times
         self.expected_calls = len(self.hooked_sites) + sum(

@@ -101,15 +101,16 @@ class NativePlan:
         sites, offset = [], 0
         copy = native.COPY_DYNAMIC if dynamic else native.COPY
         self.dynamic = dynamic
-        self.dynamic_rows: dict[int, tuple[int, int]] = {}  # site → (first layout row, outputs)
-        rows = 0
+        # a dynamic arena's layout rows: one per output of the copied sites, in site order
+        self._first_rows: dict[int, tuple[int, int]] = {}  # site → (its first row, its outputs)
+        self._layout_rows = 0
         self.slots: dict[int, tuple] = {}           # site → arena slots of its outputs
         self.untracked: dict[int, tuple[int, ...]] = {}
         for s in km.sites:
             action = 0 if not plan.wants_output(s.index) else EMIT if streaming else copy
             if action == native.COPY_DYNAMIC:
-                self.dynamic_rows[s.index] = (rows, len(s.out_shapes))
-            rows += len(s.out_shapes)
+                self._first_rows[s.index] = (self._layout_rows, len(s.out_shapes))
+                self._layout_rows += len(s.out_shapes)
             if action == COPY:
                 slots, offset = native.layout(list(zip(s.out_shapes, s.out_dtypes)), offset)
                 self.slots[s.index] = tuple(slots)
@@ -137,14 +138,7 @@ class NativePlan:
         self.copied_sites = sorted(self.slots)
         # arenas made: [array, its reference count when only the pool holds it, address]
         self._pool: list[list] = []
-        self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self.dynamic_rows}
-        # the layout rows a run's outputs are read from: those of the copied sites alone (a decode
-        # step copying one value must not copy the rows of a few hundred others), renumbered
-        rows_read, self._compact_rows = [], {}
-        for site, (first, n) in self.dynamic_rows.items():
-            self._compact_rows[site] = (len(rows_read), n)
-            rows_read.extend(range(first, first + n))
-        self._rows_read = np.array(rows_read, dtype=np.intp)
+        self._site_dtypes = {i: [dtypes[d] for d in km.sites[i].out_dtypes] for i in self._first_rows}
         self._small = Chunks(self._CHUNK)  # one-off arenas, cut from chunks
 
     def arena(self) -> tuple[np.ndarray | None, int]:
@@ -169,13 +163,27 @@ class NativePlan:
         pool.append(entry)
         return entry[0], entry[2]
 
-    def outputs(self) -> LayoutOutputs | dict:
-        """A dynamic plan's outputs of the last run: views of the session's arena at the places
-        and shapes its layout rows say (copied: the next run writes them again), made when read."""
-        arena = self.session.arena()
-        if arena is None:
-            return {}
-        return LayoutOutputs(arena, self.session.layout[self._rows_read], self._compact_rows, self._site_dtypes)
+    def keep_run(self, capture: Capture, arena: np.ndarray | None, timed_sites: list[int] | None) -> None:
+        """The last run's outputs into ``capture`` (``arena``: the one :meth:`arena` gave it),
+        and its kernel times when ``timed_sites`` (the hooked sites) are given.
+
+        A dynamic plan's outputs are views of the session's arena at the places and shapes the
+        layout rows it starts with say, made when read; its times are in the same header.  So
+        nothing is copied after such a run: the arena is the run's own until its holders let go
+        (a few KiB allocated right after a VM run cost microseconds)."""
+        times = None
+        if self.dynamic:
+            tensor = self.session.arena_tensor()
+            if tensor is not None:
+                outputs = capture.outputs = LayoutOutputs(tensor, self._header, self._first_rows, self._site_dtypes)
+                times = outputs.times
+        elif arena is not None:
+            capture.outputs = ArenaOutputs(arena, self.slots, self.dtypes)
+        if timed_sites is not None:  # (a copy: the next run writes the session's buffer again)
+            capture.timing = timed_sites, self.session.times.copy() if times is None else times
+
+    def _header(self, arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return native.arena_header(arena, self._layout_rows, self.num_native_sites)
 
     def untracked_inputs(self, site: int, tensors) -> dict[int, np.ndarray]:
         """The inputs of ``site`` the plan keeps (handed over during a run), on the host, by
@@ -317,10 +325,5 @@ class HookedNativeCalls(NativeCalls):
             missing = [s for s in prepared.sites if s.index not in capture.time_us and s.symbol in self.vm.hooked
                        and not s.is_view]
             raise behaviour_changed(prepared.session.unexpected(), missing)
-        if self.timed:  # the hooked sites' columns (a copy: the next run writes the session's buffer again)
-            capture.timing = sites, prepared.session.times[:, self.vm.hooked_columns]
         capture.copied_bytes = stats[COPIED_BYTES]
-        if prepared.dynamic:
-            capture.outputs = prepared.outputs()
-        elif self.arena is not None:
-            capture.outputs = ArenaOutputs(self.arena, prepared.slots, prepared.dtypes)
+        prepared.keep_run(capture, self.arena, sites if self.timed else None)

@@ -39,7 +39,8 @@ class Capture:
     input_us: list[float] = field(default_factory=list)
     output_us: list[float] = field(default_factory=list)
     returned: object = None  # what the VM function returned (``DebugExecutor.run(..., raw=True)``)
-    #: native hooks' times not yet made into the dicts: (site indices, [starts, durations] array)
+    #: native hooks' times not yet made into the dicts: (the timed site indices, the run's
+    #: ``[starts, durations]`` array of every native site)
     timing: tuple | None = None
     #: the call whose capture serves this one's outputs computed from the weights alone (None:
     #: this run copied them itself; see :mod:`tvm_probe.capture.weights_only`)
@@ -50,7 +51,9 @@ class Capture:
         a small model's run cannot afford two dicts it may never need)."""
         if self.timing is not None:
             sites, table = self.timing
-            starts, durations = table.tolist()
+            if callable(table):  # (kept in a dynamic arena's header, viewed when first asked)
+                table = table()
+            starts, durations = table[:, sites].tolist()
             self.start_us, self.time_us = dict(zip(sites, starts)), dict(zip(sites, durations))
             self.timing = None
         return self.start_us, self.time_us
@@ -94,28 +97,42 @@ class ArenaOutputs(Mapping):
 
 class LayoutOutputs(Mapping):
     """Node outputs copied into an arena sized by one call's shapes (symbolic shapes): numpy views
-    made when read, at the places and shapes the session's layout rows say.
+    made when read, at the places and shapes the layout rows at the arena's start say.
 
-    A decode step's shapes change at every step (the past grows), so nothing is made per call
-    but a copy of the rows: a site's views are made from its rows the first time it is read.
+    A decode step's shapes change at every step (the past grows), so nothing is made per call:
+    the arena is held as the runtime's tensor, its header read the first time anything is, and a
+    site's views made from its rows the first time it is read.
 
     Args:
-        arena: the bytes.
-        rows: int64 ``[output slots, 3 + dims]``: offset, nbytes (-1: not copied), ndim, dims.
+        tensor: the arena, as the runtime's tensor.
+        header: the arena as numpy → its layout rows (int64 ``[output slots, 3 + dims]``:
+            offset, nbytes (-1: not copied), ndim, dims) and the run's kernel times.
         first_rows: site → (its first row, its number of outputs), for every site the plan copies.
         dtypes: site → the numpy dtypes of its outputs.
     """
 
-    def __init__(self, arena: np.ndarray, rows: np.ndarray, first_rows: dict, dtypes: dict):
-        self._arena, self._rows, self._first, self._dtypes = arena, rows, first_rows, dtypes
+    def __init__(self, tensor, header, first_rows: dict, dtypes: dict):
+        self._tensor, self._header, self._first, self._dtypes = tensor, header, first_rows, dtypes
+        self._arena = self._rows = self._times = None
         self._views: dict[int, list[np.ndarray]] = {}
         self._copied: list[int] | None = None
+
+    def _layout(self) -> np.ndarray:
+        if self._rows is None:
+            self._arena = np.from_dlpack(self._tensor)
+            self._rows, self._times = self._header(self._arena)
+        return self._rows
+
+    def times(self) -> np.ndarray:
+        """The run's ``[starts, durations]`` of every native site, kept in the arena's header."""
+        self._layout()
+        return self._times
 
     def __getitem__(self, site: int) -> list[np.ndarray]:
         views = self._views.get(site)
         if views is None:
             first, count = self._first[site]  # KeyError for a site the plan does not copy
-            rows = self._rows[first:first + count].tolist()
+            rows = self._layout()[first:first + count].tolist()
             if any(r[1] < 0 for r in rows):
                 raise KeyError(site)  # (not called in this run)
             views = self._views[site] = [
@@ -125,12 +142,13 @@ class LayoutOutputs(Mapping):
 
     def _sites(self) -> list[int]:
         if self._copied is None:
-            self._copied = [s for s, (first, _) in self._first.items() if self._rows[first, 1] >= 0]
+            rows = self._layout()
+            self._copied = [s for s, (first, _) in self._first.items() if rows[first, 1] >= 0]
         return self._copied
 
     def __contains__(self, site) -> bool:
         entry = self._first.get(site)
-        return entry is not None and self._rows[entry[0], 1] >= 0
+        return entry is not None and self._layout()[entry[0], 1] >= 0
 
     def __iter__(self):
         return iter(self._sites())

@@ -170,9 +170,20 @@ class Slot:
 
 #: a site's action: copy its outputs into the arena, hand them to on_event, or copy them into
 #: the session's own arena, grown as needed, each output's place and shape written in its layout
-#: buffer (:attr:`NativeSession.layout`: symbolic shapes, whose sizes change from call to call)
+#: row (symbolic shapes, whose sizes change from call to call): the arena starts with a header
+#: (:func:`arena_header` reads it)
 COPY, EMIT, COPY_DYNAMIC = 1, 2, 3
 LAYOUT_WIDTH = 3 + MAX_DIMS  # a layout row: offset, nbytes (-1: not copied), ndim, dims
+
+
+def arena_header(arena: np.ndarray, rows: int, sites: int) -> tuple[np.ndarray, np.ndarray]:
+    """What a dynamic session's arena starts with, as views (whoever holds the arena holds
+    its run's header): the ``rows`` layout rows (int64 ``[rows, LAYOUT_WIDTH]``, one per
+    output of a COPY_DYNAMIC site, in site order) and the run's times (float64 ``[2, sites]``,
+    as :attr:`NativeSession.times` held them at the run's end)."""
+    times_at = -(-rows * LAYOUT_WIDTH * 8 // ALIGN) * ALIGN
+    layout = arena[:rows * LAYOUT_WIDTH * 8].view(np.int64).reshape(rows, LAYOUT_WIDTH)
+    return layout, arena[times_at:times_at + 2 * sites * 8].view(np.float64).reshape(2, sites)
 
 
 @dataclass(frozen=True)
@@ -259,12 +270,9 @@ class NativeSession:
 
     def __init__(self, library: NativeLibrary, session_id: int):
         self._lib, self.id = library, session_id
-        times, stats, layout = library._buffers(session_id)
+        times, stats = library._buffers(session_id)
         self.times = np.from_dlpack(times).reshape(2, -1)
         self.stats = np.from_dlpack(stats)
-        #: int64 ``[output slots, LAYOUT_WIDTH]`` written by each run: where each COPY_DYNAMIC
-        #: output went in the session's arena, and its shape (a view, overwritten by the next run)
-        self.layout = np.from_dlpack(layout).reshape(-1, LAYOUT_WIDTH)
 
     def instrument(self):
         """The ``ffi.Function`` to give ``vm.set_instrument`` (the factory :data:`FACTORY`
@@ -295,8 +303,13 @@ class NativeSession:
 
     def arena(self) -> np.ndarray | None:
         """The session's own arena of the last run, when :meth:`begin` got no address."""
-        arena = self._lib._arena(self.id)
+        arena = self.arena_tensor()
         return None if arena is None else np.from_dlpack(arena)
+
+    def arena_tensor(self):
+        """:meth:`arena` as the runtime's tensor (holding it keeps it from reuse, as a view
+        does; a view costs microseconds more right after a run)."""
+        return self._lib._arena(self.id)
 
     def kept(self, site: int, position: int) -> np.ndarray | None:
         """Untracked input ``position`` of call site ``site`` in the last run, copied before the

@@ -23,7 +23,7 @@
 //
 //   tvm_probe.capture.open(plan: str) -> int             parse a plan (format: see ParsePlan)
 //   tvm_probe.capture.instrument(session) -> Function     the hook; a factory set_instrument takes
-//   tvm_probe.capture.buffers(session) -> [times, stats, layout]  written by every run (see Session)
+//   tvm_probe.capture.buffers(session) -> [times, stats]  written by every run (see Session)
 //   tvm_probe.capture.times(session) -> Tensor           (RPC) the times buffer alone
 //   tvm_probe.capture.stats(session) -> Tensor           (RPC) the stats buffer alone
 //   tvm_probe.capture.begin(session, arena_address, on_event | None)   (RPC with 0, None) reset
@@ -82,7 +82,7 @@ using Clock = std::chrono::steady_clock;
 
 /*! \brief What to do with a call site's outputs. */
 // kCopyDynamic: copy into the session's own arena, grown as needed, each output's place and
-// shape written into the layout buffer (symbolic shapes: sizes change from call to call)
+// shape written into the arena's layout rows (symbolic shapes: sizes change from call to call)
 enum class Action : uint8_t { kNone = 0, kCopy = 1, kEmit = 2, kCopyDynamic = 3 };
 
 constexpr int kMaxDims = 8;  // shapes are stored inline; a plan with more dims is refused
@@ -94,6 +94,7 @@ struct Slot {
   DLDataType dtype{};
   int32_t ndim = 0;
   int64_t shape[kMaxDims] = {};
+  int32_t row = -1;  // kCopyDynamic: its row in the arena's layout rows
 };
 
 /*! \brief One kernel call of the compiled `main` (a CallSite of tvm_probe.kernel_map). */
@@ -124,11 +125,28 @@ struct Plan {
   bool sync = false;                  // sync sync_device around each kernel call (device times)
   DLDevice sync_device{kDLCPU, 0};
   bool dynamic = false;               // some site copies into the session's growing arena
+  int64_t layout_rows = 0;            // outputs of kCopyDynamic sites (Slot::row numbers them)
 };
 
-// The layout buffer: per output slot, where a kCopyDynamic copy went in this run:
-// offset, nbytes (-1: not copied), ndim, dims (kMaxDims of them).
+// A dynamic arena starts with a header, the outputs after it:
+// - the layout rows: per output of a kCopyDynamic site, in site order, where its copy went in
+//   this run: offset in the arena, nbytes (-1: not copied), ndim, dims (kMaxDims of them);
+// - then the run's times buffer as it was at its end (starts, then durations, per site).
+// They live in the arena so that whoever holds a run's arena holds its layout and its times:
+// nothing is copied out after the run (a few KiB allocated there cost microseconds).
 constexpr int kLayoutWidth = 3 + kMaxDims;
+
+int64_t Aligned64(int64_t nbytes) { return (nbytes + 63) / 64 * 64; }
+
+/*! \brief Where a dynamic arena's times start: after its layout rows. */
+int64_t TimesOffset(const Plan& plan) {
+  return Aligned64(plan.layout_rows * kLayoutWidth * int64_t(sizeof(int64_t)));
+}
+
+/*! \brief Bytes of a dynamic arena's header (the first output starts there). */
+int64_t HeaderBytes(const Plan& plan) {
+  return TimesOffset(plan) + Aligned64(2 * int64_t(plan.sites.size()) * int64_t(sizeof(double)));
+}
 
 Slot ParseSlot(std::istream& in) {
   Slot slot;
@@ -200,7 +218,12 @@ Plan ParsePlan(const std::string& text) {
     for (int32_t k = 0; k < site.num_outputs && in; ++k) plan.slots.push_back(ParseSlot(in));
     TVM_FFI_CHECK(in && site.symbol >= 0 && static_cast<size_t>(site.symbol) < num_symbols,
                   ValueError) << "malformed tvm_probe plan at site " << i;
-    if (site.action == Action::kCopyDynamic) plan.dynamic = true;
+    if (site.action == Action::kCopyDynamic) {
+      plan.dynamic = true;
+      for (int32_t k = 0; k < site.num_outputs; ++k) {
+        plan.slots[site.first_output + k].row = static_cast<int32_t>(plan.layout_rows++);
+      }
+    }
   }
   TVM_FFI_CHECK(static_cast<bool>(in), ValueError) << "truncated tvm_probe plan";
   IndexOccurrences(&plan);
@@ -302,9 +325,6 @@ class Session {
     int64_t n = static_cast<int64_t>(plan_.sites.size());
     times_ = HostTensor(2 * n, DLDataType{kDLFloat, 64, 1});
     stats_ = HostTensor(kNumStats, DLDataType{kDLInt, 64, 1});
-    layout_ = HostTensor(kLayoutWidth * std::max<int64_t>(1, plan_.slots.size()), DLDataType{kDLInt, 64, 1});
-    layout_data_ = static_cast<int64_t*>(layout_.data_ptr());
-    ResetLayout();
     times_data_ = static_cast<double*>(times_.data_ptr());
     stats_data_ = static_cast<int64_t*>(stats_.data_ptr());
     seen_.assign(plan_.symbols.size(), 0);
@@ -314,7 +334,7 @@ class Session {
     std::fill(stats_data_, stats_data_ + kNumStats, 0);
   }
 
-  ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_, layout_}; }
+  ffi::Array<ffi::Tensor> Buffers() const { return {times_, stats_}; }
   ffi::Tensor Times() const { return times_; }
   ffi::Tensor Stats() const { return stats_; }
 
@@ -333,16 +353,15 @@ class Session {
     error_.clear();
     kept_.clear();
     arena_ = ffi::Tensor();
-    if (plan_.dynamic) {
-      ResetLayout();
-      cursor_ = 0;
-    }
+    TVM_FFI_CHECK(!(plan_.dynamic && arena_address != 0), ValueError)
+        << "a plan with symbolic shapes copies into the session's own arena: begin it with 0";
     if (arena_address != 0) {
       arena_data_ = reinterpret_cast<char*>(arena_address);
     } else {
       arena_ = PickArena();
       arena_data_ = arena_.defined() ? static_cast<char*>(arena_.data_ptr()) : nullptr;
     }
+    if (plan_.dynamic) ResetLayout();
     t0_ = last_signal_check_ = Clock::now();
     running_ = true;
   }
@@ -355,6 +374,9 @@ class Session {
   void End() {
     on_event_ = ffi::Optional<ffi::Function>();
     running_ = false;
+    if (plan_.dynamic && arena_data_ != nullptr) {  // (the run's times, kept with its outputs)
+      std::memcpy(arena_data_ + TimesOffset(plan_), times_data_, 2 * plan_.sites.size() * sizeof(double));
+    }
     arena_data_ = nullptr;
   }
 
@@ -551,7 +573,7 @@ class Session {
   }
 
   /*! \brief A kCopyDynamic site's outputs: each at the arena's cursor (grown when full), its
-   * place and shape written into the layout buffer. */
+   * place and shape written into its layout row. */
   void CopyDynamic(int index, const Site& site, const TVMFFIAny* ret, const TVMFFIAny* args,
                    int num_args) {
     CheckArguments(index, site, num_args);
@@ -569,7 +591,7 @@ class Session {
       Reserve(offset + nbytes);
       CopyBytes(index, k, *tensor, arena_data_ + offset, nbytes);
       cursor_ = offset + (nbytes + 63) / 64 * 64;
-      int64_t* row = layout_data_ + kLayoutWidth * (site.first_output + k);
+      int64_t* row = reinterpret_cast<int64_t*>(arena_data_) + kLayoutWidth * slot.row;  // (after Reserve)
       row[0] = offset;
       row[1] = nbytes;
       row[2] = tensor->ndim;
@@ -592,12 +614,14 @@ class Session {
     dynamic_capacity_ = grown.shape()[0];
   }
 
+  /*! \brief A dynamic run starts with its layout rows saying "not copied", the outputs after its header. */
   void ResetLayout() {
-    for (size_t i = 0; i < plan_.slots.size(); ++i) {
-      int64_t* row = layout_data_ + kLayoutWidth * i;
-      std::fill(row, row + kLayoutWidth, 0);
-      row[1] = -1;
-    }
+    cursor_ = 0;
+    Reserve(HeaderBytes(plan_));
+    int64_t* rows = reinterpret_cast<int64_t*>(arena_data_);
+    std::fill(rows, rows + kLayoutWidth * plan_.layout_rows, 0);
+    for (int64_t i = 0; i < plan_.layout_rows; ++i) rows[kLayoutWidth * i + 1] = -1;
+    cursor_ = HeaderBytes(plan_);
   }
 
   /*! \brief Wait for the plan's device to finish what was launched (runtime.Device_StreamSync
@@ -688,21 +712,32 @@ class Session {
            plan_.names[plan_.sites[index].symbol] + ")";
   }
 
-  /*! \brief An arena nobody outside holds (numpy views of a former run keep theirs busy). */
+  /*!
+   * \brief An arena nobody outside holds (numpy views of a former run keep theirs busy).
+   *
+   * The pool keeps every arena it made, up to kPoolBytes in all (and at least two): a decode
+   * loop keeping its captures holds one arena per call until it forgets them, and then the
+   * next calls reuse those.  An arena allocated right after a VM run cost 8-12 us of a ~120 us
+   * decode step (measured: glibc sorting the blocks the run freed), a reused one nothing.
+   */
   ffi::Tensor PickArena() {
     int64_t want = plan_.dynamic ? dynamic_capacity_ : plan_.arena_bytes;
     if (want == 0) return ffi::Tensor();
+    int64_t pooled = 0;
     for (ffi::Tensor& t : pool_) {
-      if (t.use_count() != 1) continue;
+      if (t.use_count() != 1) {
+        pooled += t.shape()[0];
+        continue;
+      }
       if (t.shape()[0] < want) t = HostTensor(want, DLDataType{kDLUInt, 8, 1});  // (dynamic: grown since)
       return t;
     }
     ffi::Tensor fresh = HostTensor(want, DLDataType{kDLUInt, 8, 1});
-    if (pool_.size() < kPoolSize) pool_.push_back(fresh);
+    if (pool_.size() < 2 || pooled + want <= kPoolBytes) pool_.push_back(fresh);
     return fresh;
   }
 
-  static constexpr size_t kPoolSize = 2;  // the run being accepted and the run before it
+  static constexpr int64_t kPoolBytes = int64_t(32) << 20;
 
   Plan plan_;
   std::unordered_map<std::string, int> by_name_;
@@ -721,8 +756,6 @@ class Session {
   std::vector<ffi::Tensor> pool_;
   ffi::Tensor arena_;
   char* arena_data_ = nullptr;
-  ffi::Tensor layout_;  // see kLayoutWidth
-  int64_t* layout_data_ = nullptr;
   int64_t cursor_ = 0;                // dynamic arena: bytes used in this run
   int64_t dynamic_capacity_ = 4096;   // dynamic arena: the size the last run needed, at least
   bool running_ = false;  // between Begin and End
