@@ -357,6 +357,15 @@ def judge(results, asked, reference_of: Callable, atol: float | None = None, rto
     ``name`` with ``reference_of(label, value)``, or listed under ``label`` as unchecked (a
     KeyError: no reference, for the reason ``why_missing`` gives) or dead code.  What
     :func:`compare` and a per-call compare share."""
+    return measured(*gathered(results, asked, reference_of, atol, rtol, tolerance_for, progress, why_missing))
+
+
+def gathered(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
+             tolerance_for: Callable | None = None, progress=None, why_missing: Mapping | None = None):
+    """:func:`judge` up to the measuring: the Comparison of what was not measured (dead code,
+    unchecked), the ``compare_many`` entries of the rest, and the tolerance rule's text.
+    :func:`measured` finishes it; the calls of a generation are measured in one pass
+    (:func:`tvm_probe.probe.calls.compare_calls`)."""
     out, why_missing = Comparison(), why_missing or {}
     dtypes, entries = set(), []
     for done, (value, name, label) in enumerate(asked):
@@ -382,10 +391,16 @@ def judge(results, asked, reference_of: Callable, atol: float | None = None, rto
         tol = (tolerance_for(value.names) if tolerance_for else None) or tolerance_of(ref.dtype, atol, rtol)
         dtypes.add(ref.dtype)
         entries.append((value.key, name, served.value, got, ref, tol))
-    for compared in compare_many(entries):  # (in source order, as asked)
-        out.add(compared)
     out.tolerance_rule = _rule(atol, rtol, {_dtype_name(d) for d in dtypes}, tolerance_for is not None)
-    return out
+    return out, entries
+
+
+def measured(comparison: Comparison, entries: list, compared: list[ValueComparison] | None = None) -> Comparison:
+    """``comparison`` (of :func:`gathered`) with its ``entries`` measured, in source order, as
+    asked (``compared``: measured already, by one :func:`compare_many` for several)."""
+    for value in compare_many(entries) if compared is None else compared:
+        comparison.add(value)
+    return comparison
 
 
 def _check_same_model(a, b) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from ..comparison.verdict import judge
+from ..comparison.verdict import compare_many, gathered, measured
 from ..core.errors import InputError, NotRunError, ProbeError
 from ..core.inputs import check_input, fast_check
 from ..core.sources import Kind
@@ -227,6 +227,11 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     reference name that names nothing there is an error (a typo must not pass as "nothing to
     check").  Only the values the reference has are compared.
     """
+    return measured(*_gathered(probe, reference, call, name_map, atol, rtol))
+
+
+def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol):
+    """:func:`compare_call` up to the measuring (:func:`~tvm_probe.comparison.verdict.gathered`)."""
     name_map = dict(name_map or {})
     with probe.in_call(call) as function_probe:
         # several reference names may name one value (a module and its last child): each is
@@ -236,7 +241,7 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
             named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
         asked = [(value, name, name) for value in function_probe.sources_map.in_order(named)
                  if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
-        return judge(function_probe, asked, lambda name, value: reference[name], atol, rtol)
+        return gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol)
 
 
 def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,
@@ -250,8 +255,11 @@ def compare_calls(probe, references, name_map: Mapping | None = None, atol: floa
     if len(calls) != len(references) or min(calls, default=0) < 0:
         raise ProbeError(f"{len(references)} references for {len(calls)} calls ({made} made): give one "
                          "reference per call")
+    # every call's values measured in one pass (a generation's steps hold a few dozen small values each)
+    gathered_calls = [_gathered(probe, ref, k, name_map, atol, rtol) for k, ref in zip(calls, references)]
+    compared = iter(compare_many([e for _, entries in gathered_calls for e in entries]))
     out = CallsComparison()
-    for k, ref in zip(calls, references):
-        out.by_call.append(CallComparison(k, probe.call_record(k).function,
-                                          compare_call(probe, ref, k, name_map, atol, rtol)))
+    for k, (comparison, entries) in zip(calls, gathered_calls):
+        comparison = measured(comparison, entries, [next(compared) for _ in entries])
+        out.by_call.append(CallComparison(k, probe.call_record(k).function, comparison))
     return out
