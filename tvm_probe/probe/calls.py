@@ -28,8 +28,10 @@ class CallRecord:
         wanted: the keys it was asked to capture (None: everything).
         time_us: wall time of the VM function.
         captured_bytes: bytes of kernel outputs copied during the call.
-        values: values recomputed from this call (kept so a second read costs nothing).
-        kv: what the paged KV caches held after the call (``paged_kv_cache.layers.0.k``...).
+        values: values recomputed from this call (kept so a second read costs nothing; None
+            until a value is read).
+        kv: what the paged KV caches held after the call (``paged_kv_cache.layers.0.k``...;
+            None: no paged KV cache).
     """
 
     index: int
@@ -38,8 +40,9 @@ class CallRecord:
     wanted: set | None
     time_us: float
     captured_bytes: int
-    values: dict = field(default_factory=dict)
-    kv: Mapping = field(default_factory=dict)  # KV cache contents after the call, by name
+    # (None until needed: a decode step of a small model takes ~100 us, and two dicts a call show)
+    values: dict | None = None
+    kv: Mapping | None = None  # KV cache contents after the call, by name
 
 
 class CallLog:
@@ -90,7 +93,7 @@ class CallLog:
             raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
         end = max(len(self.records) - keep_last, 0)
         for record in self.records[self._kept_from:end]:  # (a loop forgetting often pays for its new calls only)
-            record.capture, record.values, record.kv, record.wanted = None, {}, {}, set()
+            record.capture, record.values, record.kv, record.wanted = None, None, None, set()
         self._kept_from = max(self._kept_from, end)
 
     def frame(self):

@@ -300,7 +300,7 @@ class Probe(Constructors, Results, Viewable):
         saved = self._capture, self._wanted, self._values
         if saved[0] is not record.capture:
             self._accept(record.capture, record.wanted)
-        self._values = record.values
+        self._values = record.values if record.values is not None else {}
         try:
             yield self
         finally:
@@ -317,7 +317,7 @@ class Probe(Constructors, Results, Viewable):
         if self._serves_run(call):
             return super().get(name)
         record = self.call_record(call)
-        if name in record.kv:
+        if record.kv is not None and name in record.kv:
             return record.kv[name]
         with self.in_call(call) as probe:
             return Results.get(probe, name)

@@ -724,12 +724,17 @@ class Session {
     int64_t want = plan_.dynamic ? dynamic_capacity_ : plan_.arena_bytes;
     if (want == 0) return ffi::Tensor();
     int64_t pooled = 0;
-    for (ffi::Tensor& t : pool_) {
+    // from the one after the last picked: a loop forgetting in bulk frees them in that order, and
+    // each arena looked at is a cache miss (dozens held by a loop keeping its captures)
+    for (size_t k = 0, n = pool_.size(); k < n; ++k) {
+      size_t i = (next_pick_ + k) % n;
+      ffi::Tensor& t = pool_[i];
       if (t.use_count() != 1) {
         pooled += t.shape()[0];
         continue;
       }
       if (t.shape()[0] < want) t = HostTensor(want, DLDataType{kDLUInt, 8, 1});  // (dynamic: grown since)
+      next_pick_ = i + 1;
       return t;
     }
     ffi::Tensor fresh = HostTensor(want, DLDataType{kDLUInt, 8, 1});
@@ -738,6 +743,7 @@ class Session {
   }
 
   static constexpr int64_t kPoolBytes = int64_t(32) << 20;
+  size_t next_pick_ = 0;  // where PickArena looks first
 
   Plan plan_;
   std::unordered_map<std::string, int> by_name_;
