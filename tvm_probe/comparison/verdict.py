@@ -50,6 +50,7 @@ class Status(str, Enum):
 class ValueComparison:
     """One source value compared with its reference."""
 
+    # (in this order: compare_many makes hundreds a generation step, positionally)
     key: str
     name: str
     served: str
@@ -158,22 +159,21 @@ def compare_many(entries) -> list[ValueComparison]:
     a NaN or infinity, and the others, one by one.
     """
     out: list[ValueComparison | None] = [None] * len(entries)
-    together = []
+    together, pairs = [], []
     for i, (key, name, served, got, ref, tol) in enumerate(entries):
         g, r = np.asarray(got), np.asarray(ref)
         tol = tol or default_tolerance(r.dtype)
         if g.shape == r.shape and g.dtype.kind == "f" and r.dtype.kind == "f":
-            together.append((i, g, r, tol))
+            together.append(i)
+            pairs.append((g, r, tol))
         else:
             out[i] = _compare_one(key, name, served, g, r, tol)
-    measured = _finite_metrics([(g, r, tol) for _, g, r, tol in together])
-    for (i, g, r, tol), metrics in zip(together, measured):
+    for i, (g, r, tol), metrics in zip(together, pairs, _finite_metrics(pairs)):
         key, name, served = entries[i][:3]
         if metrics is None:  # a NaN or infinity somewhere
             out[i] = _compare_one(key, name, served, g, r, tol)
-        else:
-            out[i] = ValueComparison(key=key, name=name, served=served, dtype=_dtype_name(r.dtype),
-                                     tolerance=_tolerance_text(tol), **metrics, nan_tvm=0, inf_tvm=0, nan_ref=0, inf_ref=0)
+        else:  # (positional: hundreds a generation step)
+            out[i] = ValueComparison(key, name, served, _dtype_name(r.dtype), _tolerance_text(tol), *metrics)
     return out
 
 
@@ -198,15 +198,16 @@ def _compare_one(key: str, name: str, served: str, g: np.ndarray, r: np.ndarray,
                            note=note)
 
 
-def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[dict | None]:
-    """For each ``(got, ref, tol)`` of equal sizes: max abs / max rel / mean abs error, cosine,
-    SNR and ``passed`` (every element within ``tol``), or None when either holds a NaN or an
-    infinity.  All pairs in one pass over their elements laid end to end.
+def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[tuple | None]:
+    """For each ``(got, ref, tol)`` of equal sizes: the fields of its :class:`ValueComparison`
+    from ``max_abs`` on — max abs / max rel / mean abs error, cosine, SNR, no NaN or infinity on
+    either side, and ``passed`` (every element within ``tol``) — or None when either holds a NaN
+    or an infinity.  All pairs in one pass over their elements laid end to end.
 
     The figures of :func:`tvm_probe.core.metrics.error_stats` (test_metrics holds them equal), made
     here for many pairs at once: a generation compare measures hundreds of small values a step."""
     sizes = [g.size for g, _, _ in pairs]
-    out: list[dict | None] = [_EMPTY_METRICS.copy() if not n else None for n in sizes]
+    out: list[tuple | None] = [_EMPTY_METRICS if not n else None for n in sizes]
     kept = [i for i, n in enumerate(sizes) if n]
     if not kept:
         return out
@@ -234,13 +235,11 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         if not finite:  # a NaN or infinity: measured by _compare_one, which follows the rule
             continue
         cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)
-        out[i] = dict(max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / sizes[i], cosine=cosine, snr_db=snr,
-                      passed=passed)
+        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cosine, snr, 0, 0, 0, 0, passed)
     return out
 
 
-_EMPTY_METRICS = dict(max_abs=EMPTY.finite_max_abs, max_rel=EMPTY.max_rel, mean_abs=EMPTY.mean_abs,
-                      cosine=EMPTY.cosine, snr_db=EMPTY.snr_db, passed=True)
+_EMPTY_METRICS = (EMPTY.finite_max_abs, EMPTY.max_rel, EMPTY.mean_abs, EMPTY.cosine, EMPTY.snr_db, 0, 0, 0, 0, True)
 
 
 @functools.lru_cache(maxsize=None)
