@@ -67,8 +67,7 @@ class CallLog:
 
     def add(self, function: str, result, wanted) -> CallRecord:
         """The record of the next call: ``result`` is its capture."""
-        record = CallRecord(index=len(self.records), function=function, capture=result, wanted=wanted,
-                            time_us=result.total_us, captured_bytes=captured_bytes(result))
+        record = CallRecord(len(self.records), function, result, wanted, result.total_us, captured_bytes(result))
         self.records.append(record)
         return record
 
@@ -109,6 +108,8 @@ def captured_bytes(capture) -> int:
     """Bytes of kernel outputs ``capture`` holds (the native instrument counts them itself)."""
     if capture.copied_bytes:
         return int(capture.copied_bytes)
+    if not capture.outputs:  # (a call capturing nothing: no generator to make)
+        return 0
     return int(sum(a.nbytes for site in capture.outputs for a in capture.outputs[site]))
 
 
