@@ -359,6 +359,22 @@ def test_transformers_static_cache_export_module_is_refused_in_one_line():
         assert "\n" not in str(caught.value) and type(module).__name__ in str(caught.value), str(caught.value)
 
 
+def test_a_token_id_outside_the_vocabulary_is_refused_in_one_line_before_tvm_reads_past_the_table(llama_probe):
+    """TVM's take does not check bounds: such an id crashed the process (a segfault)."""
+    refused = ("input 'input_ids' holds values outside [0, 128) but indexes 'model.embed_tokens.weight', "
+               "which has 128 rows (TVM's Gather does not check bounds): fix the ids")
+    with pytest.raises(InputError) as err:
+        llama_probe.generate(np.array([[5, 128]]), steps=2)
+    assert str(err.value) == refused
+    llama_probe.generate(decoder_ids(0, batch=1, seq=4).numpy(), steps=2)
+    last = llama_probe.call_record(-1)
+    for bad in (-1, 128, 10**6):  # a decode step's one token (the single-element check), numpy as users feed it
+        with pytest.raises(InputError) as err:
+            llama_probe.call("decode", np.array([[bad]], np.int64), *last.capture.inputs[1:])
+        assert str(err.value) == refused, bad
+    assert llama_probe.call_record(-1) is last, "a refused call is not a call"
+
+
 def test_bad_generate_arguments_are_one_line_errors():
     probe = Probe.from_torch(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(Exception, match=r"^generate\(\) needs a probe made by Probe.from_hf$"):

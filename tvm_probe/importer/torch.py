@@ -25,7 +25,7 @@ import io
 import re
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -320,6 +320,7 @@ def _collect(program, mod, values: OwnValues, module=None, root: str = "") -> Im
     _follow_tuple_fields(mod, out.var_keys)
     order = {p.name: i for i, p in enumerate(mod["main"].params)}
     out.inputs.sort(key=lambda s: order.get(s.name, len(order)))
+    out.inputs = _with_index_bounds(program, keys, weights, out.inputs)
     out.sources.model_inputs = [s.name for s in out.inputs]
     out.sources.model_outputs = [keys[n] for n in _user_outputs(program) if n in keys]
     overwritten = {keys[n]: (f"fx node '{w.name}' ({op_type(w)}) writes into it in place and TVM's importer "
@@ -329,6 +330,24 @@ def _collect(program, mod, values: OwnValues, module=None, root: str = "") -> Im
                          inputs=out.inputs, hash_model=lambda: model_hash(program, weights),
                          overwritten=overwritten)
 
+
+
+def _with_index_bounds(program, keys: dict, weights: dict, inputs: list[InputSpec]) -> list[InputSpec]:
+    """Inputs that index an embedding table directly (``aten.embedding``'s ids) get its row
+    count as ``index_bound``, ids from 0 (PyTorch refuses negative ones): TVM's ``take`` does not
+    check bounds, and an id past the table reads out of memory (a token id >= the vocabulary
+    crashed the process)."""
+    bounds: dict[str, tuple[int, str]] = {}
+    for node in program.graph.nodes:
+        if op_type(node) != "aten.embedding.default" or len(node.args) < 2:
+            continue
+        table, ids = (keys.get(a) if hasattr(a, "op") else None for a in node.args[:2])
+        if table in weights and ids is not None:
+            rows = int(weights[table][0].shape[0])
+            if ids not in bounds or rows < bounds[ids][0]:
+                bounds[ids] = rows, table
+    return [replace(s, index_bound=bounds[s.name][0], indexes=bounds[s.name][1], negative_ids=False)
+            if s.name in bounds else s for s in inputs]
 
 
 def _follow_tuple_fields(mod, var_keys: dict) -> None:
