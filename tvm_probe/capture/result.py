@@ -132,12 +132,13 @@ class LayoutOutputs(Mapping):
         views = self._views.get(site)
         if views is None:
             first, count = self._first[site]  # KeyError for a site the plan does not copy
-            rows = self._layout()[first:first + count].tolist()
-            if any(r[1] < 0 for r in rows):
-                raise KeyError(site)  # (not called in this run)
-            views = self._views[site] = [
-                self._arena[r[0]: r[0] + r[1]].view(d).reshape(r[3:3 + r[2]])
-                for r, d in zip(rows, self._dtypes[site])]
+            rows, arena, views = self._layout()[first:first + count].tolist(), self._arena, []
+            for (offset, nbytes, ndim, *dims), dtype in zip(rows, self._dtypes[site]):
+                if nbytes < 0:
+                    raise KeyError(site)  # (not called in this run)
+                # (one constructor call: a generation compare reads hundreds of sites a step)
+                views.append(np.ndarray(dims[:ndim], dtype, arena, offset))
+            self._views[site] = views
         return views
 
     def _sites(self) -> list[int]:

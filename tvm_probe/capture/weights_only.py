@@ -131,6 +131,10 @@ class ServedOutputs(Mapping):
         found = self._served.get(site)
         return found if found is not None else self._own[site]
 
+    def get(self, site: int, default=None):
+        found = self._served.get(site)  # (Mapping.get goes through __getitem__ and a KeyError)
+        return found if found is not None else self._own.get(site, default)
+
     def __contains__(self, site) -> bool:
         return site in self._served or site in self._own
 

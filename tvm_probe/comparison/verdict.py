@@ -20,6 +20,7 @@ reference's — TVM adding them or dropping them.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Mapping
@@ -27,7 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..core.errors import ProbeError
-from ..core.metrics import EMPTY, TINY, both_finite, cosine_snr, error_stats
+from ..core.metrics import EMPTY, TINY, error_stats
 from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
@@ -211,31 +212,42 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     kept = [i for i, n in enumerate(sizes) if n]
     if not kept:
         return out
+    tolerances = {pairs[i][2] for i in kept}
     if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
-        (g, r, tol), counts = pairs[kept[0]], sizes[kept[0]]
-        G, R, atol, rtol = g.ravel().astype(np.float64), r.ravel().astype(np.float64), tol.atol, tol.rtol
+        g, r, _ = pairs[kept[0]]
+        G, R, counts = g.ravel().astype(np.float64), r.ravel().astype(np.float64), sizes[kept[0]]
         per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
     else:
         G = np.concatenate([pairs[i][0].ravel() for i in kept], dtype=np.float64)
         R = np.concatenate([pairs[i][1].ravel() for i in kept], dtype=np.float64)
         counts = np.array([sizes[i] for i in kept])
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
+    if len(tolerances) == 1:  # (the usual case: one dtype, one rule)
+        (tolerance,) = tolerances
+        atol, rtol = tolerance.atol, tolerance.rtol
+    else:
         atol = np.repeat([pairs[i][2].atol for i in kept], counts)
         rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
-        per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         diff, abs_ref = np.abs(G - R), np.abs(R)
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
-        columns = [per(ufunc, a).tolist() for ufunc, a in (
-            (np.logical_and, both_finite(G, R)), (np.logical_and, diff <= atol + rtol * abs_ref),
-            (np.maximum, diff), (np.maximum, diff / np.maximum(abs_ref, TINY)), (np.add, diff),
-            (np.add, G * G), (np.add, R * R), (np.add, G * R), (np.add, diff * diff),
-            (np.logical_or, (G != 0) | (R != 0)))]
-    for i, (finite, passed, max_abs, max_rel, sum_abs, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
-        if not finite:  # a NaN or infinity: measured by _compare_one, which follows the rule
+        sum_abs, gg, rr, gr, noise = (per(np.add, a) for a in (diff, G * G, R * R, G * R, diff * diff))
+        norm = np.sqrt(gg) * np.sqrt(rr)
+        cosine = gr / norm  # (where norm is 0, cosine_snr's rule, below)
+        snr = 10 * np.log10(np.where(noise != 0, rr / noise, np.inf))  # (0 → -inf, NaN → NaN, as cosine_snr)
+        columns = [a.tolist() for a in (
+            sum_abs, per(np.logical_and, diff <= atol + rtol * abs_ref), per(np.maximum, diff),
+            per(np.maximum, diff / np.maximum(abs_ref, TINY)), cosine, snr, norm > 0)]
+    for i, (sum_abs, passed, max_abs, max_rel, cos, snr, normed) in zip(kept, zip(*columns)):
+        # A NaN or infinity on either side makes the sum of differences NaN or infinite (so may a
+        # sum of finite ones that overflows): _compare_one measures those, as the rule says.
+        if not math.isfinite(sum_abs):
             continue
-        cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)
-        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cosine, snr, 0, 0, 0, 0, passed)
+        if not normed:  # a side all zeros: cosine 1 when both are, 0 when one is not
+            g, r, _ = pairs[i]
+            cos = 0.0 if g.any() or r.any() else 1.0
+        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cos, snr, 0, 0, 0, 0, passed)
     return out
 
 

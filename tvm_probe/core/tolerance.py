@@ -51,6 +51,7 @@ def default_tolerance(dtype) -> Tolerance:
     return EXACT if is_exact(name) else _BY_DTYPE["float32"]
 
 
+@functools.lru_cache(maxsize=256)  # (a generation compare asks for each of hundreds of values)
 def tolerance_of(dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance:
     """The tolerance for values of ``dtype``: the default, with ``atol`` / ``rtol`` given by the
     user in its place."""

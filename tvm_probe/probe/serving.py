@@ -30,8 +30,13 @@ class ValueServer:
     def value(self, key: str, capture: Capture, computed: dict, folded: dict) -> np.ndarray:
         """The value of ``key`` in the run ``capture`` holds; values recomputed from that run are
         kept in ``computed``, those the pipeline folded in ``folded`` (the same for every run)."""
-        value, serving = self.imported.sources[key], self.servings[key]
-        served, place = serving.served, self.kernel_map.places.get(key)
+        serving, place = self.servings[key], self.kernel_map.places.get(key)
+        served = serving.served
+        if served is Served.CAPTURED or served is Served.VIEW:  # (most values: first)
+            outs = capture.outputs.get(place.site)
+            if outs is not None:
+                return outs[place.output]
+        value = self.imported.sources[key]
         if served is Served.INPUT:
             item = getattr(self.imported, "param_items", {}).get(key)
             if item is not None:  # an element of a tuple argument (packed weights)
