@@ -68,10 +68,13 @@ class Chromium:
         return result["result"].get("value")
 
     def wait_for(self, *patterns: str, timeout: float = 60) -> str:
-        """The page's text once every regular expression (case-insensitive) matches in it: the
-        page keeps rendering after it loads, so a single reading could come too early."""
+        """The page's text once it has loaded whole and every regular expression (case-insensitive)
+        matches in it: the parser shows a long page's top (a heading the patterns find) before it
+        has read the tables at its end, and the page keeps rendering after it loads, so a single
+        reading could come too early."""
         def ready():
-            text = self.evaluate("document.body ? document.body.innerText : ''") or ""
+            text = self.evaluate("document.readyState === 'complete' && document.body ? document.body.innerText : ''")
+            text = text or ""
             return text if all(re.search(p, text, re.IGNORECASE) for p in patterns) else None
         return wait(ready, timeout, f"the page to show {patterns}")
 

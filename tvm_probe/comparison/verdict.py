@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..core.errors import ProbeError
-from ..core.metrics import EMPTY, TINY, error_stats
+from ..core.metrics import EMPTY, TINY, cosine_snr, error_stats
 from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
@@ -232,22 +232,17 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         diff, abs_ref = np.abs(G - R), np.abs(R)
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
-        sum_abs, gg, rr, gr, noise = (per(np.add, a) for a in (diff, G * G, R * R, G * R, diff * diff))
-        norm = np.sqrt(gg) * np.sqrt(rr)
-        cosine = gr / norm  # (where norm is 0, cosine_snr's rule, below)
-        snr = 10 * np.log10(np.where(noise != 0, rr / noise, np.inf))  # (0 → -inf, NaN → NaN, as cosine_snr)
-        columns = [a.tolist() for a in (
-            sum_abs, per(np.logical_and, diff <= atol + rtol * abs_ref), per(np.maximum, diff),
-            per(np.maximum, diff / np.maximum(abs_ref, TINY)), cosine, snr, norm > 0)]
-    for i, (sum_abs, passed, max_abs, max_rel, cos, snr, normed) in zip(kept, zip(*columns)):
+        columns = [per(ufunc, a).tolist() for ufunc, a in (
+            (np.add, diff), (np.logical_and, diff <= atol + rtol * abs_ref), (np.maximum, diff),
+            (np.maximum, diff / np.maximum(abs_ref, TINY)), (np.add, G * G), (np.add, R * R), (np.add, G * R),
+            (np.add, diff * diff), (np.logical_or, (G != 0) | (R != 0)))]
+    for i, (sum_abs, passed, max_abs, max_rel, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
         # A NaN or infinity on either side makes the sum of differences NaN or infinite (so may a
         # sum of finite ones that overflows): _compare_one measures those, as the rule says.
         if not math.isfinite(sum_abs):
             continue
-        if not normed:  # a side all zeros: cosine 1 when both are, 0 when one is not
-            g, r, _ = pairs[i]
-            cos = 0.0 if g.any() or r.any() else 1.0
-        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cos, snr, 0, 0, 0, 0, passed)
+        cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)  # (math.log10: numpy's is less exact near 1)
+        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cosine, snr, 0, 0, 0, 0, passed)
     return out
 
 

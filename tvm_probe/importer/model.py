@@ -21,7 +21,7 @@ class InputSpec:
 
     ``index_bound`` is set when the input indexes a weight directly (the ids of an embedding
     ``Gather``): valid values are ``-index_bound <= v < index_bound`` (ONNX), or
-    ``0 <= v < index_bound`` when ``negative_ids`` is False (TFLite).  TVM's compiled Gather
+    ``0 <= v < index_bound`` when ``negative_ids`` is False (TFLite, PyTorch's ``aten.embedding``).  TVM's compiled Gather
     does not check bounds, so out-of-range ids would read out of memory; ``run`` refuses them.
 
     ``aliases`` are further names ``run`` accepts for it (a TFLite signature's input key).

@@ -32,11 +32,9 @@ class ValueServer:
         kept in ``computed``, those the pipeline folded in ``folded`` (the same for every run)."""
         serving, place = self.servings[key], self.kernel_map.places.get(key)
         served = serving.served
-        if served is Served.CAPTURED or served is Served.VIEW:  # (most values: first)
-            outs = capture.outputs.get(place.site)
-            if outs is not None:
-                return outs[place.output]
         value = self.imported.sources[key]
+        if served is Served.CAPTURED or served is Served.VIEW:  # (most values: first)
+            return self.site_output(capture, place.site, place.output, value.display_name)
         if served is Served.INPUT:
             item = getattr(self.imported, "param_items", {}).get(key)
             if item is not None:  # an element of a tuple argument (packed weights)
@@ -56,8 +54,6 @@ class ValueServer:
             if key not in folded:
                 folded.update(self.folded_values())
             return folded[key]
-        if served in (Served.CAPTURED, Served.VIEW):
-            return self.site_output(capture, place.site, place.output, value.display_name)
         if served is Served.PASSED:  # an If's result: where the VM passed it on
             if place.kind is PlaceKind.RETURNED:
                 return as_numpy(capture.result[place.output])
