@@ -20,9 +20,12 @@ import pytest
 import tvm
 
 from tvm_probe import Probe, load_dump
+from tvm_probe.capture.fast_call import DirectCall
+from tvm_probe.capture import native
 from tvm_probe.capture.kernel_hook import HOOK
-from tvm_probe.capture.result import ArenaOutputs, LayoutOutputs
+from tvm_probe.capture.result import ArenaOutputs, Capture, LayoutOutputs
 from tvm_probe.capture.weights_only import ServedOutputs
+from tvm_probe.core.errors import InputError
 from tvm_probe.core.sources import Served
 from tvm_probe.kernel_map import ArgKind
 
@@ -150,6 +153,59 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
     assert_each_call_kept_its_kernel_times(probe, [c for _, s, c, _ in made if s == "all"])
 
 
+def counting_direct_calls(monkeypatch) -> list[bool]:
+    """Every run of a call in one native call (DirectCall) from now on: True when hooked."""
+    runs, real = [], DirectCall.__call__
+
+    def counted(self, args):
+        out = real(self, args)
+        if type(out) is tuple:  # (it ran)
+            runs.append(out[1][1] is not None)
+        return out
+
+    monkeypatch.setattr(DirectCall, "__call__", counted)
+    return runs
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_decode_steps_in_one_native_call_serve_what_the_instrument_serves(pipeline, monkeypatch):
+    """From a selection's second decode step on, a call runs in one native call (DirectCall: the
+    numpy token and position checked and copied there, the hooks pointed at the selection's
+    session, the record made when read): each such call serves what the same call through TVM's
+    instrument serves, read after later calls ran and after earlier ones were forgotten; a token
+    the native call refuses gets the checked path's one-line error, and the loop goes on."""
+    rng = np.random.default_rng(37)
+    probe = Probe.from_hf(hf_decoder("llama"), pipeline=pipeline, max_len=32)
+    shape, keys = probe.hf.shape, served_keys(probe, "decode")
+    empty = [np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for _ in range(2 * shape.layers)]
+    ids = decoder_ids(0, batch=1, seq=8).numpy()
+    out = probe.call("prefill", ids, np.arange(8, dtype=np.int64)[None, :], *empty, capture=None)
+    runs = counting_direct_calls(monkeypatch)
+    few = [sorted(rng.choice(keys, size=3, replace=False).tolist()) for _ in range(2)]
+    made, token = [], int(out[0].numpy()[0, -1].argmax())
+    for k, selection in enumerate([None, few[0], None, few[0], few[1], few[1], None, few[0], few[1], None]):
+        args = np.array([[token]], np.int64), np.array([[8 + k]], np.int64), *out[1:]
+        out = probe.call("decode", *args, capture=selection)
+        fast = probe.num_calls - 1
+        with instrumented(probe):
+            again = probe.call("decode", *args, capture=selection)
+        np.testing.assert_array_equal(out[0].numpy(), again[0].numpy())
+        assert_same_values(probe, rng, keys, selection, fast, probe.num_calls - 1, made)
+        token = int(out[0].numpy()[0, -1].argmax())
+    assert runs.count(False) >= 2 and runs.count(True) >= 3, runs  # nothing hooked, then a few values
+    for pair in made:  # read again after later calls: no arena a kept call holds was written into
+        assert_same_values(probe, rng, *pair)
+    probe.forget_calls(keep_last=4)
+    for pair in made[-2:]:
+        assert_same_values(probe, rng, *pair)
+    bound = probe.functions["decode"].imported.params[0][1].index_bound
+    with pytest.raises(InputError, match=r"holds values outside"):
+        probe.call("decode", np.array([[bound]], np.int64), np.array([[18]], np.int64), *out[1:], capture=None)
+    before = len(runs)
+    probe.call("decode", np.array([[token]], np.int64), np.array([[18]], np.int64), *out[1:], capture=None)
+    assert len(runs) == before + 1 and probe.call_record(probe.num_calls - 1).capture.inputs[0][0, 0] == token
+
+
 def assert_each_call_kept_its_kernel_times(probe, calls: list[int]) -> None:
     """Calls of everything through the hooks kept their own kernel times (in their arena's header,
     read only now, after later calls ran): every kernel timed, and no two calls alike."""
@@ -191,11 +247,13 @@ def _nn_cache(probe):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline, tmp_path):
+def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does(pipeline, tmp_path, monkeypatch):
     """Prefill (symbolic sequence length) in chunks of several lengths, then decode steps (static
-    shapes), each call made on two caches kept alike: one through the new paths, one through
+    shapes: a selection's later steps run in one native call, copying into the session's own
+    arenas), each call made on two caches kept alike: one through the new paths, one through
     the instrument."""
     rng = np.random.default_rng(36)
+    runs = counting_direct_calls(monkeypatch)
     config = LlamaConfig()
     model = LlamaForCausalLM(config)
     weights = mlc_weights(hf_llama(config))
@@ -226,6 +284,7 @@ def test_nn_llama_prefill_chunks_and_decode_steps_capture_as_the_instrument_does
         hooked.append(probe.call_record(fast).capture.instrument == HOOK)
     assert all(hooked[1:]), hooked
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
+    assert True in runs, f"no decode step copying values ran in one native call: {runs}"
     assert_served_from_an_earlier_call(probe, "decode", [probe.call_record(fast).capture.served_from], fast)
     for pair in kept:  # every call's values still as they were
         assert_same_values(probe, rng, *pair)
@@ -280,3 +339,39 @@ def test_weights_only_outputs_that_differ_between_two_calls_warn_and_are_capture
     assert [c.served_from for c in later] == [None] * 3 and weights.next_run(False)[0] is weights.everything
     key = weights_only_keys(probe, "decode")[0]
     assert probe.provenance(key, call=probe.num_calls - 1) == f"captured at call {probe.num_calls - 1}"
+
+
+def test_a_prepared_native_call_runs_only_arguments_it_accepts_and_keeps_no_memory_a_result_holds():
+    """The native call under DirectCall, on a function returning what it was given: a host
+    array of another dtype, shape or layout, or an id out of range, runs nothing (the caller's
+    checked path then says what is wrong); an accepted one is copied into a tensor held for it,
+    and a result referring to that tensor keeps it (the next call copies into a new one)."""
+    import tvm_ffi
+
+    library = native.load()
+    seen = []
+    identity = tvm_ffi.convert(lambda ids, weight: seen.append(weight) or ids)
+    weight = tvm.runtime.tensor(np.ones(3, np.float32))
+    arguments = [native.PreparedArgument(0, "int64", (1, 2), low=0, bound=10)]
+    call = library.prepare_call(identity, [None, weight], arguments)
+    for refused in (np.array([[1, 2]], np.int32), np.array([[1, 2, 3]], np.int64),
+                    np.array([[1, 10]], np.int64), np.array([[1, 0, 2, 0]], np.int64)[:, ::2]):
+        assert call.call(refused) is None and call.status[native.RAN] == 0, refused
+    assert not seen, "a refused call ran the function"
+    first = call.call(np.array([[3, 4]], np.int64))
+    assert call.status[native.RAN] == 1 and call.status[native.NANOS] > 0 and len(seen) == 1
+    second = call.call(np.array([[5, 6]], np.int64))
+    assert first.numpy().tolist() == [[3, 4]] and second.numpy().tolist() == [[5, 6]]
+    assert all(w.numpy().tolist() == [1.0, 1.0, 1.0] for w in seen)  # (the held weight, where it goes)
+
+
+def test_a_capture_made_for_a_call_equals_the_dataclass_made_one():
+    """``Capture.of_call`` (made per decode step, when its record is read) sets every field as
+    the dataclass's own ``__init__`` does."""
+    import dataclasses
+
+    fast = Capture.of_call([1], HOOK, 2.5, "returned")
+    made = Capture(inputs=[1], instrument=HOOK, total_us=2.5, returned="returned")
+    for f in dataclasses.fields(Capture):
+        assert getattr(fast, f.name) == getattr(made, f.name), f.name
+    assert fast.outputs is not Capture.of_call([1], HOOK, 2.5, None).outputs  # (fresh containers)

@@ -413,6 +413,8 @@ class DebugExecutor:
     def _forget_hooks(self) -> None:
         self._hooked.clear()
         self._hook_of.clear()
+        for run in self.fast_calls.values():  # (a caller may hold one: it must not run in a VM given up)
+            run.retired = True
         self.fast_calls.clear()
 
     def fast_call(self, plan: CapturePlan, every: bool = False) -> FastCall | None:

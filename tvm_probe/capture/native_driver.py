@@ -163,21 +163,25 @@ class NativePlan:
         pool.append(entry)
         return entry[0], entry[2]
 
-    def keep_run(self, capture: Capture, arena: np.ndarray | None, timed_sites: list[int] | None) -> None:
-        """The last run's outputs into ``capture`` (``arena``: the one :meth:`arena` gave it),
-        and its kernel times when ``timed_sites`` (the hooked sites) are given.
+    def keep_run(self, capture: Capture, arena: np.ndarray | None, timed_sites: list[int] | None,
+                 arena_tensor=None) -> None:
+        """The last run's outputs into ``capture`` (``arena``: the one :meth:`arena` gave it;
+        ``arena_tensor``: the session's own, of that run), and its kernel times when
+        ``timed_sites`` (the hooked sites) are given.
 
-        A dynamic plan's outputs are views of the session's arena at the places and shapes the
-        layout rows it starts with say, made when read; its times are in the same header.  So
-        nothing is copied after such a run: the arena is the run's own until its holders let go
-        (a few KiB allocated right after a VM run cost microseconds)."""
+        A dynamic plan's outputs are views of the session's arena (``arena_tensor``, or the
+        one of the session's last run) at the places and shapes the layout rows it starts with
+        say, made when read; its times are in the same header.  So nothing is copied after such
+        a run: the arena is the run's own until its holders let go (a few KiB allocated right
+        after a VM run cost microseconds)."""
         times = None
         if self.dynamic:
-            tensor = self.session.arena_tensor()
+            tensor = self.session.arena_tensor() if arena_tensor is None else arena_tensor
             if tensor is not None:
                 outputs = capture.outputs = LayoutOutputs(tensor, self._header, self._first_rows, self._site_dtypes)
                 times = outputs.times
-        elif arena is not None:
+        elif arena is not None or arena_tensor is not None:
+            arena = np.from_dlpack(arena_tensor) if arena is None else arena
             capture.outputs = ArenaOutputs(arena, self.slots, self.dtypes)
         if timed_sites is not None:  # (a copy: the next run writes the session's buffer again)
             capture.timing = timed_sites, self.session.times.copy() if times is None else times

@@ -11,9 +11,11 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
+from ..capture.native import PreparedArgument
 from ..comparison.verdict import compare_many, gathered, measured
+from ..core.dtypes import numpy_dtype
 from ..core.errors import InputError, NotRunError, ProbeError
-from ..core.inputs import check_input, fast_check
+from ..core.inputs import check_input, fast_check, id_range
 from ..core.sources import Kind
 
 
@@ -50,26 +52,50 @@ class CallLog:
     adds one record per call; forgotten ones keep their number)."""
 
     def __init__(self):
-        self.records: list[CallRecord] = []
+        # a CallRecord per call; a call that ran in one native call is kept as (function, wanted,
+        # its DirectCall, its arguments, (time_us, arena, copied bytes)) until a record is asked for
+        self._entries: list = []
+        self._pending_from: int | None = None  # the first such entry, if any
         self._kept_from = 0  # records before this one are forgotten already
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self._entries)
+
+    @property
+    def records(self) -> list[CallRecord]:
+        """Every call's record, in call order."""
+        if self._pending_from is not None:
+            entries = self._entries
+            for k in range(self._pending_from, len(entries)):
+                if type(entries[k]) is tuple:  # (its DirectCall None: forgotten)
+                    function, wanted, direct, args, ran = entries[k]
+                    capture = direct.capture(args, ran) if direct is not None else None
+                    entries[k] = CallRecord(k, function, capture, wanted, ran[0], ran[2])
+            self._pending_from = None
+        return self._entries
 
     def copy(self) -> "CallLog":
         log = CallLog()
-        log.records, log._kept_from = list(self.records), self._kept_from
+        log._entries, log._kept_from = list(self.records), self._kept_from
         return log
 
     @property
     def last(self) -> CallRecord | None:
-        return self.records[-1] if self.records else None
+        return self.records[-1] if self._entries else None
 
     def add(self, function: str, result, wanted) -> CallRecord:
         """The record of the next call: ``result`` is its capture."""
-        record = CallRecord(len(self.records), function, result, wanted, result.total_us, captured_bytes(result))
-        self.records.append(record)
+        record = CallRecord(len(self._entries), function, result, wanted, result.total_us, captured_bytes(result))
+        self._entries.append(record)
         return record
+
+    def add_direct(self, function: str, wanted, direct, args: tuple, ran: tuple) -> None:
+        """The next call, run by ``direct`` (a :class:`~tvm_probe.capture.fast_call.DirectCall`)
+        with ``args``; ``ran``: ``(time_us, arena, copied bytes)`` of the run.  Its record is
+        made when first asked for (a decode loop calling thousands of times reads few of them)."""
+        if self._pending_from is None:
+            self._pending_from = len(self._entries)
+        self._entries.append((function, wanted, direct, args, ran))
 
     def at(self, call: int | None = None) -> CallRecord:
         """Call ``call`` (default: the last one), or a one-line error."""
@@ -90,9 +116,14 @@ class CallLog:
         """Drop the captures of all calls but the last ``keep_last``."""
         if keep_last < 0:
             raise ProbeError(f"keep_last must be >= 0, got {keep_last}")
-        end = max(len(self.records) - keep_last, 0)
-        for record in self.records[self._kept_from:end]:  # (a loop forgetting often pays for its new calls only)
-            record.capture, record.values, record.kv, record.wanted = None, None, None, set()
+        entries = self._entries
+        end = max(len(entries) - keep_last, 0)
+        for k in range(self._kept_from, end):  # (a loop forgetting often pays for its new calls only)
+            record = entries[k]
+            if type(record) is tuple:
+                entries[k] = (record[0], set(), None, None, (record[4][0], None, record[4][2]))
+            else:
+                record.capture, record.values, record.kv, record.wanted = None, None, None, set()
         self._kept_from = max(self._kept_from, end)
 
     def frame(self):
@@ -150,6 +181,23 @@ class CallArguments:
             full[i] = value
         self.arrays_at = at
         return full
+
+    def prepared(self, args: tuple) -> list[PreparedArgument] | None:
+        """Where each of ``args`` goes and what a host array among them must be, for a native
+        call that checks and copies them (:class:`~tvm_probe.capture.native.PreparedArgument`);
+        None when a host array's parameter has a symbolic shape or a dtype numpy cannot hold
+        (checked across arguments, or converted: Python's path)."""
+        params, out = self.model.params, []
+        for i, value in zip(self.free, args):
+            if type(value) is not np.ndarray:
+                out.append(PreparedArgument(i))
+                continue
+            spec = params[i][1]
+            if fast_check(spec) is None or numpy_dtype(spec.dtype) is None:
+                return None
+            low, bound = id_range(spec) if spec.index_bound is not None else (0, None)
+            out.append(PreparedArgument(i, str(spec.dtype), tuple(spec.shape), low, bound))
+        return out
 
     def __call__(self, args: tuple) -> list:
         free = self.free

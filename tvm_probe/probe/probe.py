@@ -149,7 +149,15 @@ class Probe(Constructors, Results, Viewable):
         key = (function, capture if capture is None or type(capture) is str else tuple(capture), kernel_times)
         fast = self._fast_calls.get(key)
         if fast is not None:  # a call made before: what was decided then holds (a decode loop)
-            probe, plan, wanted, every, layouts, weights = fast
+            probe, plan, wanted, every, layouts, weights, direct = fast
+            ran = direct(args) if direct is not None else None  # the whole call in one native call
+            if ran is not None:
+                if type(ran) is tuple:  # (its record's Capture is made when read)
+                    self._serve_run = False
+                    self._calls.add_direct(function, wanted, direct, args, ran[1])
+                    return ran[0]
+                self._record_call(function, ran, wanted)
+                return _hand_over(ran)
             if weights is not None:  # (once served, the weights-only outputs are not copied)
                 plan, every = weights.next_run(every)
             run, arguments = probe._executor.fast_calls.get((plan, every)), probe._arguments.as_passed(args)
@@ -174,12 +182,24 @@ class Probe(Constructors, Results, Viewable):
                                      arrays_at=probe._arguments.arrays_at)
         if weights is not None:
             weights.took(self.num_calls, result, run_plan)
-        if probe._executor.fast_call(run_plan, run_every):  # (the plan asked for: set_params may go back to it)
-            self._fast_calls[key] = probe, plan, wanted, every, layouts, weights
+        run = probe._executor.fast_call(run_plan, run_every)
+        if run is not None:  # (the plan asked for: set_params may go back to it)
+            direct = probe._direct(run, args, weights, layouts)
+            self._fast_calls[key] = probe, plan, wanted, every, layouts, weights, direct
         record = self._record_call(function, result, wanted)
         if layouts:  # what the KV caches hold after this call (it changes with the next)
             record.kv = KVCaches.read(arrays, layouts)
         return _hand_over(result)
+
+    def _direct(self, run, args: tuple, weights, layouts):
+        """``run`` (a :class:`~tvm_probe.capture.fast_call.FastCall`) for later calls passing
+        arguments of the types of ``args``, in one native call each; None when the calls need
+        Python's path (the weights-only outputs change the plan from call to call; the KV
+        caches are read after each call)."""
+        arguments = self._arguments.prepared(args) if weights is None and not layouts else None
+        if arguments is None:
+            return None
+        return run.direct(self._arguments.template.copy(), arguments, tuple(map(type, args)))
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
         """Replace weights the probe holds, by parameter name, in every function that takes them
@@ -202,6 +222,7 @@ class Probe(Constructors, Results, Viewable):
             for i, tensor in replace_held(probe.imported, tensors).items():
                 if probe._arguments is not None:  # the arguments template of call()'s fast path
                     probe._arguments.template[i] = tensor
+        self._fast_calls.clear()  # (its native calls hold the weights they were made with)
         for probe in self._functions.values():  # what the old weights computed is served no more
             if probe._weights is not None:
                 probe._weights.reset()

@@ -147,6 +147,7 @@ class NativeLibrary:
             setattr(self, f"_{name}", tvm_ffi.get_global_func(prefix + name))
         #: ``aliases(result, *tensors) -> int``: bit i set when ``result`` may refer to tensor i's memory
         self.aliases = tvm_ffi.get_global_func(prefix + "aliases")
+        self._prepare_call = tvm_ffi.get_global_func(prefix + "prepare_call")
 
     def switch(self) -> "HookSwitch":
         """A new switch for the kernel hooks of one VM (see :class:`HookSwitch`)."""
@@ -155,6 +156,17 @@ class NativeLibrary:
     def open(self, plan: str) -> "NativeSession":
         """A session for ``plan`` (see :func:`encode_plan`)."""
         return NativeSession(self, int(self._open(plan)))
+
+    def prepare_call(self, function, params: list, arguments: list["PreparedArgument"],
+                     hooked: tuple["HookSwitch", "NativeSession", int] | None = None) -> "PreparedCall":
+        """``function``'s calls with ``params`` (every parameter's argument: the held weights,
+        None where a caller's argument goes) in one native call each (see :class:`PreparedCall`);
+        ``hooked``: its VM's switch, the session to point it at, and the calls the plan expects."""
+        spec = [word for argument in arguments for word in argument.encoded()]
+        switch, session, expected = hooked if hooked is not None else (None, None, 0)
+        call, status = self._prepare_call(function, params, spec, switch.id if switch else 0,
+                                          session.id if session else 0, expected)
+        return PreparedCall(call, np.from_dlpack(status), (switch, session))
 
 
 # ------------------------------------------------------------------------------------- plans
@@ -250,6 +262,55 @@ def encode_plan(sites: list[NativeSite], arena_bytes: int, signal_check_ms: floa
             words += [o.offset, o.nbytes, t.type_code, t.bits, t.lanes, len(o.shape),
                       *(d if isinstance(d, int) else -1 for d in o.shape)]
     return " ".join(map(str, words))
+
+
+# ------------------------------------------------------------------------------------- prepared calls
+@dataclass(frozen=True)
+class PreparedArgument:
+    """One caller argument of a prepared call: the parameter ``position`` it goes to and, for a
+    host array copied into a tensor held for it (``dtype`` set), what it must be: that dtype,
+    ``shape`` (static), C-contiguous, and integer ids within ``[low, bound)`` when ``bound`` is
+    set.  Anything else is passed as it is."""
+
+    position: int
+    dtype: str | None = None
+    shape: tuple[int, ...] = ()
+    low: int = 0
+    bound: int | None = None
+
+    def encoded(self) -> list[int]:
+        """Its words in a prepare_call spec (``PrepareCall`` in instrument.cc)."""
+        import tvm_ffi
+
+        if self.dtype is None:
+            return [self.position] + [0] * (8 + MAX_DIMS)
+        t = tvm_ffi.dtype(self.dtype)
+        dims = list(self.shape) + [0] * (MAX_DIMS - len(self.shape))
+        return [self.position, 1, t.type_code, t.bits, t.lanes, len(self.shape), *dims,
+                int(self.bound is not None), self.low, self.bound or 0]
+
+
+RAN, NANOS, CHANGED, COPIED, EXPECTED = range(5)  # the entries of PreparedCall.status
+
+
+class PreparedCall:
+    """A function's whole call in one native call: ``call(*args)`` (the caller's arguments,
+    the held weights left out) checks and copies each host array into a tensor held for it,
+    runs the function with every argument in place (through its hooks, when hooked), and gives
+    up a held tensor the result may refer to; returns what the function returned.
+
+    :attr:`status` (int64, rewritten by each call): ``[RAN]`` 0 when an argument was refused
+    and nothing ran (the caller takes its checked path, which says what is wrong), ``[NANOS]``
+    the function's wall time, ``[CHANGED]`` 1 when the hooked kernels were called other than the
+    plan expects (``[EXPECTED]`` calls of them, set when prepared), ``[COPIED]`` bytes the hooks
+    copied.
+    """
+
+    __slots__ = ("call", "status", "_keep")
+
+    def __init__(self, call, status: np.ndarray, keep: tuple):
+        self.call, self.status = call, status
+        self._keep = keep  # (the switch and session it uses: closed only after it)
 
 
 # ------------------------------------------------------------------------------------- sessions

@@ -42,6 +42,9 @@
 //   tvm_probe.capture.hooked_call(switch, session, arena_address, on_event, function, *args)
 //                                                         begin, switch, call, switch back, end
 //   tvm_probe.capture.aliases(result, *tensors) -> int    bit i: result may refer to tensor i
+//   tvm_probe.capture.prepare_call(function, params, spec, switch, session, expected_calls)
+//                                                         -> [call, status]: a whole call's
+//                                                         checks, copies and run in one native call
 //   tvm_probe.capture.close_switch(switch)                forget the switch (its hooks keep it)
 //
 // Hooks instead of an instrument (tvm_probe/kernel_hook.py): a VM made with some kernels
@@ -867,6 +870,26 @@ void Point(HookSwitch* sw, std::shared_ptr<Session> session, int64_t session_id)
   sw->session = std::move(session);
 }
 
+/*! \brief A run of `session` with switch `sw` pointed at it: begun when made; when it goes, whatever
+ * happened, the switch points at none and the session ends. */
+class PointedRun {
+ public:
+  PointedRun(HookSwitch* sw, std::shared_ptr<Session> session, int64_t session_id, int64_t arena_address,
+             ffi::Optional<ffi::Function> on_event)
+      : sw_(sw), session_(session.get()) {
+    session->Begin(arena_address, std::move(on_event));
+    Point(sw, std::move(session), session_id);
+  }
+  ~PointedRun() {
+    sw_->session.reset();
+    session_->End();
+  }
+
+ private:
+  HookSwitch* sw_;
+  Session* session_;
+};
+
 /*!
  * \brief One whole run through hooks, in one call from Python (each call across the FFI costs
  * about a microsecond, a fifth of what a 100 us decode step can spare):
@@ -880,16 +903,8 @@ void HookedCall(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
   int64_t session_id = args[1].cast<int64_t>();
   std::shared_ptr<Session> session = Registry::Global()->Get(session_id);
   ffi::Function function = args[4].cast<ffi::Function>();
-  session->Begin(args[2].cast<int64_t>(), args[3].cast<ffi::Optional<ffi::Function>>());
-  Point(sw.get(), session, session_id);
-  struct Restore {
-    HookSwitch* sw;
-    Session* session;
-    ~Restore() {
-      sw->session.reset();
-      session->End();
-    }
-  } restore{sw.get(), session.get()};
+  PointedRun run(sw.get(), session, session_id, args[2].cast<int64_t>(),
+                 args[3].cast<ffi::Optional<ffi::Function>>());
   function.CallPacked(args + 5, num_args - 5, rv);
 }
 
@@ -943,6 +958,173 @@ void Aliases(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
   *rv = bits;
 }
 
+// ------------------------------------------------------------------------------------- prepared call
+/*! \brief One argument of a prepared call (see PreparedCall). */
+struct PreparedArg {
+  int32_t position = 0;  // in the function's parameter list
+  bool copy = false;     // a host array copied into `held`, checked first; else passed as it is
+  DLDataType dtype{};
+  int32_t ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  bool ids = false;      // integer ids that must lie in [low, bound)
+  int64_t low = 0, bound = 0;
+  ffi::Tensor held;      // made at first use, and again after a result referred to it
+};
+
+bool SameType(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+/*! \brief Whether host tensor `t` is what `arg` copies: its dtype and shape, compact, ids in range. */
+bool Accepts(const PreparedArg& arg, const DLTensor* t) {
+  if (t == nullptr || t->device.device_type != kDLCPU || !SameType(t->dtype, arg.dtype) ||
+      t->ndim != arg.ndim || !ffi::IsContiguous(*t)) {
+    return false;
+  }
+  for (int d = 0; d < arg.ndim; ++d) {
+    if (t->shape[d] != arg.shape[d]) return false;
+  }
+  if (!arg.ids) return true;
+  const char* data = static_cast<const char*>(t->data) + t->byte_offset;
+  int64_t n = ffi::GetDataSize(*t) / (arg.dtype.bits / 8);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = arg.dtype.bits == 64 ? reinterpret_cast<const int64_t*>(data)[i]
+                                     : reinterpret_cast<const int32_t*>(data)[i];
+    if (v < arg.low || v >= arg.bound) return false;
+  }
+  return true;
+}
+
+/*!
+ * \brief A decode step's whole call in one native call (a ~170 us step cannot spare the
+ * microseconds Python's own moving, checking and alias check cost between two VM calls):
+ *
+ *   call(*args)   args: the caller's arguments, the weights left out
+ *
+ * checks each host array against its parameter (dtype, static shape, compact, ids in range)
+ * and copies it into a tensor held for it; puts every argument where the function takes it
+ * among the held weights; calls the function (through the hook switch pointed at a session,
+ * when hooked, as HookedCall does); gives up a held tensor the result may refer to.  What
+ * happened goes into `status` (int64, read by Python as a view): [kRan] 1 when the function
+ * ran, 0 when an argument was refused (nothing ran: the caller takes its checked path);
+ * [kNanos] the function's wall time; [kChanged] 1 when the hooked kernels were called other
+ * than the plan expects ([kExpected] calls, set when prepared); [kCopied] bytes the session copied.
+ */
+class PreparedCall {
+ public:
+  enum Status { kRan = 0, kNanos = 1, kChanged = 2, kCopied = 3, kExpected = 4, kNumStatus = 5 };
+
+  PreparedCall(ffi::Function function, std::vector<ffi::Any> params, std::vector<PreparedArg> args)
+      : function_(std::move(function)), params_(std::move(params)), args_(std::move(args)) {
+    status_ = HostTensor(kNumStatus, DLDataType{kDLInt, 64, 1});
+    status_data_ = static_cast<int64_t*>(status_.data_ptr());
+    std::fill(status_data_, status_data_ + kNumStatus, 0);
+    views_.assign(params_.begin(), params_.end());
+  }
+
+  void Hook(std::shared_ptr<HookSwitch> sw, std::shared_ptr<Session> session, int64_t session_id,
+            int64_t expected_calls) {
+    switch_ = std::move(sw);
+    session_ = std::move(session);
+    session_id_ = session_id;
+    status_data_[kExpected] = expected_calls;
+  }
+
+  ffi::Tensor Status() const { return status_; }
+
+  void Call(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
+    std::fill(status_data_, status_data_ + kExpected, 0);
+    if (num_args != static_cast<int32_t>(args_.size())) return;
+    for (int32_t i = 0; i < num_args; ++i) {
+      PreparedArg& arg = args_[i];
+      if (!arg.copy) {
+        views_[arg.position] = args[i];
+        continue;
+      }
+      const DLTensor* t = AsTensor(*reinterpret_cast<const TVMFFIAny*>(args + i));
+      if (!Accepts(arg, t)) return;
+      if (!arg.held.defined()) arg.held = HostTensorLike(*t);
+      std::memcpy(arg.held.data_ptr(), static_cast<const char*>(t->data) + t->byte_offset,
+                  ffi::GetDataSize(*t));
+      views_[arg.position] = arg.held;
+    }
+    Clock::time_point t0 = Clock::now();
+    if (session_ != nullptr) {
+      RunHooked(rv);
+    } else {
+      function_.CallPacked(views_.data(), static_cast<int32_t>(views_.size()), rv);
+    }
+    status_data_[kNanos] = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    status_data_[kRan] = 1;
+    for (PreparedArg& arg : args_) {  // the next call writes into them: a result must not share one
+      if (!arg.held.defined()) continue;
+      uintptr_t start = reinterpret_cast<uintptr_t>(arg.held.data_ptr());
+      uintptr_t end = start + std::max<uintptr_t>(ffi::GetDataSize(arg.held.numel(), arg.held.dtype()), 1);
+      if (MayRefer(*rv, start, end)) arg.held = ffi::Tensor();
+    }
+  }
+
+ private:
+  void RunHooked(ffi::Any* rv) {
+    PointedRun run(switch_.get(), session_, session_id_, 0, ffi::Optional<ffi::Function>());
+    function_.CallPacked(views_.data(), static_cast<int32_t>(views_.size()), rv);
+    ffi::Tensor stats = session_->Stats();
+    const int64_t* s = static_cast<const int64_t*>(stats.data_ptr());
+    status_data_[kChanged] = s[Session::kUnexpected] != 0 || s[Session::kStopped] != 0 ||
+                             s[Session::kCalled] != status_data_[kExpected];
+    status_data_[kCopied] = s[Session::kCopiedBytes];
+  }
+
+  ffi::Function function_;
+  std::vector<ffi::Any> params_;      // every parameter's argument: the held weights, None elsewhere
+  std::vector<PreparedArg> args_;
+  std::vector<ffi::AnyView> views_;   // what the function is called with
+  std::shared_ptr<HookSwitch> switch_;
+  std::shared_ptr<Session> session_;
+  int64_t session_id_ = 0;
+  ffi::Tensor status_;
+  int64_t* status_data_ = nullptr;
+};
+
+/*!
+ * \brief prepare_call(function, params, spec, switch, session, expected_calls) -> [call, status]
+ *
+ * `params`: every parameter's argument (the held weights; None where the caller passes one).
+ * `spec`: per caller argument, kPreparedWidth integers: position, copy, dtype code, bits, lanes,
+ * ndim, kMaxDims dims, ids, low, bound.  `switch` and `session` 0: the function is not hooked.
+ */
+constexpr int kPreparedWidth = 9 + kMaxDims;
+
+ffi::Array<ffi::Any> PrepareCall(ffi::Function function, ffi::Array<ffi::Any> params, ffi::Shape spec,
+                                 int64_t switch_id, int64_t session_id, int64_t expected_calls) {
+  TVM_FFI_CHECK(spec.size() % kPreparedWidth == 0, ValueError) << "malformed prepared-call spec";
+  std::vector<PreparedArg> args(spec.size() / kPreparedWidth);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const int64_t* w = spec.data() + i * kPreparedWidth;
+    PreparedArg& arg = args[i];
+    arg.position = static_cast<int32_t>(w[0]);
+    arg.copy = w[1] != 0;
+    arg.dtype = DLDataType{static_cast<uint8_t>(w[2]), static_cast<uint8_t>(w[3]), static_cast<uint16_t>(w[4])};
+    arg.ndim = static_cast<int32_t>(w[5]);
+    TVM_FFI_CHECK(arg.position >= 0 && static_cast<size_t>(arg.position) < params.size() &&
+                  arg.ndim >= 0 && arg.ndim <= kMaxDims, ValueError) << "malformed prepared-call spec";
+    std::copy(w + 6, w + 6 + kMaxDims, arg.shape);
+    arg.ids = w[6 + kMaxDims] != 0;
+    arg.low = w[7 + kMaxDims];
+    arg.bound = w[8 + kMaxDims];
+    TVM_FFI_CHECK(!arg.ids || (arg.dtype.code == kDLInt && (arg.dtype.bits == 32 || arg.dtype.bits == 64)),
+                  ValueError) << "ids must be int32 or int64";
+  }
+  auto call = std::make_shared<PreparedCall>(std::move(function),
+                                             std::vector<ffi::Any>(params.begin(), params.end()),
+                                             std::move(args));
+  if (session_id != 0) {
+    call->Hook(Switches::Global()->Get(switch_id), Registry::Global()->Get(session_id), session_id,
+               expected_calls);
+  }
+  ffi::Function run = ffi::Function::FromPacked(
+      [call](const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) { call->Call(args, num_args, rv); });
+  return {run, call->Status()};
+}
+
 // Registered when the library is loaded; `override` lets a rebuilt library replace an older one
 // loaded in the same process instead of aborting the load.
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -983,6 +1165,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   def("tvm_probe.capture.hook", Function::FromTyped(MakeHook));
   def("tvm_probe.capture.hooked_call", Function::FromPacked(HookedCall));
   def("tvm_probe.capture.aliases", Function::FromPacked(Aliases));
+  def("tvm_probe.capture.prepare_call", Function::FromTyped(PrepareCall));
   def("tvm_probe.capture.close_switch",
       Function::FromTyped([](int64_t id) { Switches::Global()->Close(id); }));
   def("tvm_probe.capture.close",
