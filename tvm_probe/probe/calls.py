@@ -185,8 +185,9 @@ class CallArguments:
     def prepared(self, args: tuple) -> list[PreparedArgument] | None:
         """Where each of ``args`` goes and what a host array among them must be, for a native
         call that checks and copies them (:class:`~tvm_probe.capture.native.PreparedArgument`);
-        None when a host array's parameter has a symbolic shape or a dtype numpy cannot hold
-        (checked across arguments, or converted: Python's path)."""
+        None when a host array's parameter has a symbolic shape, a dtype numpy cannot hold, or
+        ids of a type other than int32 and int64 (checked across arguments, or converted:
+        Python's path)."""
         params, out = self.model.params, []
         for i, value in zip(self.free, args):
             if type(value) is not np.ndarray:
@@ -195,6 +196,8 @@ class CallArguments:
             spec = params[i][1]
             if fast_check(spec) is None or numpy_dtype(spec.dtype) is None:
                 return None
+            if spec.index_bound is not None and str(spec.dtype) not in ("int32", "int64"):
+                return None  # (ids of another type: checked in Python)
             low, bound = id_range(spec) if spec.index_bound is not None else (0, None)
             out.append(PreparedArgument(i, str(spec.dtype), tuple(spec.shape), low, bound))
         return out
