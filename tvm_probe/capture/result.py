@@ -48,7 +48,7 @@ class Capture:
 
     @classmethod
     def of_call(cls, inputs: list, instrument: str, total_us: float, returned) -> "Capture":
-        """``Capture(inputs=..., instrument=..., total_us=..., returned=...)`` in a third of its
+        """``Capture(inputs=..., instrument=..., total_us=..., returned=...)`` in two thirds of its
         time (a decode step of ~170 us makes one per call; the dataclass's own ``__init__``
         costs over a microsecond).  tests/capture/test_symbolic_arenas.py holds the two equal."""
         capture = cls.__new__(cls)
