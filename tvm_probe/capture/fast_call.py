@@ -154,14 +154,13 @@ class DirectCall:
         types: each caller argument's type in the call that prepared it.
     """
 
-    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_hooked", "_tail", "_session")
+    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_tail", "_session")
 
     def __init__(self, fast: FastCall, prepared, params: list, arguments: list[PreparedArgument], types: tuple):
         self._fast, self._call, self._status = fast, prepared.call, prepared.status
         self._keep = prepared  # (the switch and session its native call uses stay open while it lives)
         self._params, self._free, self._types = params, [a.position for a in arguments], _types_check(types)
-        self._session = fast.session
-        self._hooked = self._session is not None
+        self._session = fast.session  # (None: nothing hooked)
         # the caller's arguments first, the held weights after them (as compiled functions take
         # them): the whole list in one step
         self._tail = params[len(self._free):] if self._free == list(range(len(self._free))) else None
@@ -181,7 +180,7 @@ class DirectCall:
         ran, nanos, changed, copied, _ = self._status.tolist()
         if not ran:
             return None
-        if not self._hooked:
+        if self._session is None:
             return returned, (nanos / 1e3, None, 0)
         if changed:
             return fast.rerun(TVMBehaviourChanged("the hooked kernels were called other than the kernel map has "

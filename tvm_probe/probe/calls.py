@@ -13,7 +13,6 @@ import numpy as np
 
 from ..capture.native import PreparedArgument
 from ..comparison.verdict import compare_many, gathered, measured
-from ..core.dtypes import numpy_dtype
 from ..core.errors import InputError, NotRunError, ProbeError
 from ..core.inputs import check_input, fast_check, id_range
 from ..core.sources import Kind
@@ -67,10 +66,9 @@ class CallLog:
         if self._pending_from is not None:
             entries = self._entries
             for k in range(self._pending_from, len(entries)):
-                if type(entries[k]) is tuple:  # (its DirectCall None: forgotten)
+                if type(entries[k]) is tuple:
                     function, wanted, direct, args, ran = entries[k]
-                    capture = direct.capture(args, ran) if direct is not None else None
-                    entries[k] = CallRecord(k, function, capture, wanted, ran[0], ran[2])
+                    entries[k] = CallRecord(k, function, direct.capture(args, ran), wanted, ran[0], ran[2])
             self._pending_from = None
         return self._entries
 
@@ -120,8 +118,9 @@ class CallLog:
         end = max(len(entries) - keep_last, 0)
         for k in range(self._kept_from, end):  # (a loop forgetting often pays for its new calls only)
             record = entries[k]
-            if type(record) is tuple:
-                entries[k] = (record[0], set(), None, None, (record[4][0], None, record[4][2]))
+            if type(record) is tuple:  # (a record never read: made forgotten)
+                function, _, _, _, (time_us, _, copied) = record
+                entries[k] = CallRecord(k, function, None, set(), time_us, copied)
             else:
                 record.capture, record.values, record.kv, record.wanted = None, None, None, set()
         self._kept_from = max(self._kept_from, end)
@@ -189,13 +188,13 @@ class CallArguments:
         ids of a type other than int32 and int64 (checked across arguments, or converted:
         Python's path)."""
         params, out = self.model.params, []
-        for i, value in zip(self.free, args):
+        for i, value, check in zip(self.free, args, self._checks):
             if type(value) is not np.ndarray:
                 out.append(PreparedArgument(i))
                 continue
-            spec = params[i][1]
-            if fast_check(spec) is None or numpy_dtype(spec.dtype) is None:
+            if check is None:  # (fast_check: a symbolic shape, or a dtype numpy cannot hold)
                 return None
+            spec = params[i][1]
             if spec.index_bound is not None and str(spec.dtype) not in ("int32", "int64"):
                 return None  # (ids of another type: checked in Python)
             low, bound = id_range(spec) if spec.index_bound is not None else (0, None)

@@ -941,6 +941,12 @@ bool MayRefer(const ffi::AnyView& value, uintptr_t start, uintptr_t end) {
   return true;
 }
 
+/*! \brief Whether `value` may hold memory of tensor `t` (see MayRefer). */
+bool MayReferTo(const ffi::AnyView& value, const DLTensor& t) {
+  uintptr_t start = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  return MayRefer(value, start, start + std::max<uintptr_t>(ffi::GetDataSize(t), 1));
+}
+
 /*!
  * \brief aliases(result, tensor0, tensor1, ...) -> int: bit i set when `result` (what a VM
  * function returned) may refer to the memory of tensor i: a result handed to the caller must
@@ -950,10 +956,7 @@ void Aliases(const ffi::AnyView* args, int32_t num_args, ffi::Any* rv) {
   int64_t bits = 0;
   for (int32_t i = 1; i < num_args && i <= 62; ++i) {
     const DLTensor* t = AsTensor(*reinterpret_cast<const TVMFFIAny*>(args + i));
-    if (t == nullptr) continue;
-    uintptr_t start = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-    uintptr_t end = start + std::max<uintptr_t>(ffi::GetDataSize(*t), 1);
-    if (MayRefer(args[0], start, end)) bits |= int64_t(1) << (i - 1);
+    if (t != nullptr && MayReferTo(args[0], *t)) bits |= int64_t(1) << (i - 1);
   }
   *rv = bits;
 }
@@ -1055,10 +1058,7 @@ class PreparedCall {
     status_data_[kNanos] = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     status_data_[kRan] = 1;
     for (PreparedArg& arg : args_) {  // the next call writes into them: a result must not share one
-      if (!arg.held.defined()) continue;
-      uintptr_t start = reinterpret_cast<uintptr_t>(arg.held.data_ptr());
-      uintptr_t end = start + std::max<uintptr_t>(ffi::GetDataSize(arg.held.numel(), arg.held.dtype()), 1);
-      if (MayRefer(*rv, start, end)) arg.held = ffi::Tensor();
+      if (arg.held.defined() && MayReferTo(*rv, *arg.held.GetDLTensorPtr())) arg.held = ffi::Tensor();
     }
   }
 
