@@ -89,3 +89,19 @@ def test_many_values_at_once_equal_their_definitions_and_one_at_a_time(cases):
         assert value.passed == want.pop("passed"), (key, got, ref)
         for field, number in want.items():
             assert close(getattr(value, field), number), (key, field, getattr(value, field), number, got, ref)
+
+
+def test_where_a_side_sums_to_zero_the_cosine_follows_its_definition():
+    """Measured together, a side whose squares sum to zero — zeros, negative zeros, or float64
+    values so small their squares underflow — gets the cosine its definition gives: 1 where both
+    sides are all zero, 0 where either holds a nonzero element."""
+    cases = [(np.zeros(4), np.zeros(4)), (np.array([0.0, -0.0]), np.array([-0.0, 0.0])),
+             (np.zeros(3), np.ones(3)), (np.ones(3), np.zeros(3)),
+             (np.full(5, 1e-200), np.full(5, 1e-200)), (np.full(5, 1e-200), np.zeros(5)),
+             (np.zeros(2, np.float32), np.zeros(2, np.float32)), (np.ones(2), np.ones(2))]
+    entries = [(f"k{i}", f"n{i}", "captured", g, r, None) for i, (g, r) in enumerate(cases)]
+    measured = compare_many(entries)
+    assert [v.cosine for v in measured[:7]] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert close(measured[7].cosine, 1.0)  # (nonzero on both sides: the sums' own rounding)
+    for (_, _, _, got, ref, tol), value in zip(entries, measured):
+        assert close(value.cosine, expected(got, ref, tol)["cosine"])

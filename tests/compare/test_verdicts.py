@@ -2,6 +2,8 @@
 as the issue reports demand.  Pure numpy where possible; one real model for the accounting."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,32 @@ def test_one_array_for_a_one_input_model(folding):
     probe, _ = folding
     x = _inputs()["x"]
     np.testing.assert_array_equal(probe.run(x)["z"], probe.run({"x": x})["z"])
+
+
+def test_unchecked_values_are_listed_in_source_order_whatever_kept_them_out(folding):
+    """Values the run did not capture ('y', 'xi2': first in source order) and one the reference
+    lacks ('z', last) are all unchecked, in source order, each with its reason: the verdict names the
+    first; what ``serve_many`` answers is what ``get_tensor`` answers, value or error."""
+    from tvm_probe.core.errors import ProbeError
+
+    probe, reference = folding
+    probe.run(_inputs(), capture=["add"])
+    try:
+        result = compare(probe, {k: v for k, v in reference.items() if k != "z"})
+        assert list(result.unchecked) == ["y", "xi2", "z"]
+        assert result.unchecked["z"] == "the reference has no value for it"
+        for key in ("y", "xi2"):
+            with pytest.raises(ProbeError) as not_captured:
+                probe.get_tensor(key)
+            assert result.unchecked[key] == f"not served: {not_captured.value}"
+        assert "(first: mm: not served: " in result.verdict()
+        keys = [v.key for v in probe.sources_map if v.kind.value not in ("param",) and v.key != "unused"]
+        for key, served in zip(keys, probe.serve_many(keys), strict=True):
+            if isinstance(served, ProbeError):
+                with pytest.raises(ProbeError, match=re.escape(str(served))):
+                    probe.get_tensor(key)
+            else:
+                assert served.dtype == probe.get_tensor(key).dtype and np.array_equal(served, probe.get_tensor(key))
+        assert any(isinstance(s, ProbeError) for s in probe.serve_many(keys))
+    finally:
+        probe.run(_inputs())

@@ -153,6 +153,15 @@ class LayoutOutputs(Mapping):
             self._views[site] = views
         return views
 
+    def get(self, site: int, default=None):
+        views = self._views.get(site)  # (Mapping.get goes through __getitem__ and a KeyError)
+        if views is not None:
+            return views
+        try:
+            return self[site]
+        except KeyError:
+            return default
+
     def _sites(self) -> list[int]:
         if self._copied is None:
             rows = self._layout()

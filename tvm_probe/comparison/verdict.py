@@ -169,12 +169,16 @@ def compare_many(entries) -> list[ValueComparison]:
             pairs.append((g, r, tol))
         else:
             out[i] = _compare_one(key, name, served, g, r, tol)
+    texts: dict = {}  # (dtype, the tolerance's id) → both as text (the tolerances live through this call)
     for i, (g, r, tol), metrics in zip(together, pairs, _finite_metrics(pairs)):
         key, name, served = entries[i][:3]
         if metrics is None:  # a NaN or infinity somewhere
             out[i] = _compare_one(key, name, served, g, r, tol)
-        else:  # (positional: hundreds a generation step)
-            out[i] = ValueComparison(key, name, served, _dtype_name(r.dtype), _tolerance_text(tol), *metrics)
+            continue
+        text = texts.get((r.dtype, id(tol)))
+        if text is None:
+            text = texts[r.dtype, id(tol)] = (_dtype_name(r.dtype), str(tol))
+        out[i] = ValueComparison(key, name, served, *text, *metrics)  # (positional: hundreds a generation step)
     return out
 
 
@@ -212,7 +216,7 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     kept = [i for i, n in enumerate(sizes) if n]
     if not kept:
         return out
-    tolerances = {pairs[i][2] for i in kept}
+    tolerances = set({id(pairs[i][2]): pairs[i][2] for i in kept}.values())  # (hashing each object once)
     if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
         g, r, _ = pairs[kept[0]]
         G, R, counts = g.ravel().astype(np.float64), r.ravel().astype(np.float64), sizes[kept[0]]
@@ -230,17 +234,27 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         atol = np.repeat([pairs[i][2].atol for i in kept], counts)
         rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        diff, abs_ref = np.abs(G - R), np.abs(R)
+        # (in place where a pass can reuse a buffer: a generation compare measures ~50k elements)
+        diff = G - R
+        noise = per(np.add, np.square(diff))
+        np.abs(diff, out=diff)
+        scratch = np.abs(R)
+        bound = scratch * rtol
+        bound += atol  # (atol + rtol * |ref|, as core.tolerance.within bounds it)
+        within = per(np.logical_and, diff <= bound)
+        np.maximum(scratch, TINY, out=scratch)
+        max_rel = per(np.maximum, np.divide(diff, scratch, out=scratch))
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
-        columns = [per(ufunc, a).tolist() for ufunc, a in (
-            (np.add, diff), (np.logical_and, diff <= atol + rtol * abs_ref), (np.maximum, diff),
-            (np.maximum, diff / np.maximum(abs_ref, TINY)), (np.add, G * G), (np.add, R * R), (np.add, G * R),
-            (np.add, diff * diff), (np.logical_or, (G != 0) | (R != 0)))]
-    for i, (sum_abs, passed, max_abs, max_rel, gg, rr, gr, noise, nonzero) in zip(kept, zip(*columns)):
+        columns = [a.tolist() for a in (
+            per(np.add, diff), within, per(np.maximum, diff), max_rel, per(np.add, np.square(G, out=scratch)),
+            per(np.add, np.square(R, out=bound)), per(np.add, np.multiply(G, R, out=scratch)), noise)]
+    for i, (sum_abs, passed, max_abs, max_rel, gg, rr, gr, noise) in zip(kept, zip(*columns)):
         # A NaN or infinity on either side makes the sum of differences NaN or infinite (so may a
         # sum of finite ones that overflows): _compare_one measures those, as the rule says.
         if not math.isfinite(sum_abs):
             continue
+        # (whether any element is nonzero matters only where a side sums to zero: looked at then)
+        nonzero = bool(gg and rr) or bool(np.any(pairs[i][0]) or np.any(pairs[i][1]))
         cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)  # (math.log10: numpy's is less exact near 1)
         out[i] = (max_abs, max_rel, sum_abs / sizes[i], cosine, snr, 0, 0, 0, 0, passed)
     return out
@@ -252,11 +266,6 @@ _EMPTY_METRICS = (EMPTY.finite_max_abs, EMPTY.max_rel, EMPTY.mean_abs, EMPTY.cos
 @functools.lru_cache(maxsize=None)
 def _dtype_name(dtype: np.dtype) -> str:
     return str(dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _tolerance_text(tol: Tolerance) -> str:
-    return str(tol)
 
 
 def _nonfinite_difference(g: np.ndarray, r: np.ndarray) -> str:
@@ -366,6 +375,9 @@ def judge(results, asked, reference_of: Callable, atol: float | None = None, rto
     return measured(*gathered(results, asked, reference_of, atol, rtol, tolerance_for, progress, why_missing))
 
 
+_SERVED_TEXT = {served: served.value for served in Served}  # (Enum's .value is a slow property)
+
+
 def gathered(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
              tolerance_for: Callable | None = None, progress=None, why_missing: Mapping | None = None):
     """:func:`judge` up to the measuring: the Comparison of what was not measured (dead code,
@@ -373,12 +385,12 @@ def gathered(results, asked, reference_of: Callable, atol: float | None = None, 
     :func:`measured` finishes it; the calls of a generation are measured in one pass
     (:func:`tvm_probe.probe.calls.compare_calls`)."""
     out, why_missing = Comparison(), why_missing or {}
-    dtypes, entries = set(), []
+    servings, unchecked, wanted = results.servings, {}, []
     for done, (value, name, label) in enumerate(asked):
         if progress is not None:
             progress(done, len(asked))
         out.names[label] = name
-        served = results.servings[value.key].served
+        served = servings[value.key].served
         if served is Served.UNAVAILABLE:
             out.dead[label] = name
             continue
@@ -387,16 +399,26 @@ def gathered(results, asked, reference_of: Callable, atol: float | None = None, 
         try:
             ref = np.asarray(reference_of(label, value))
         except KeyError:
-            out.unchecked[label] = why_missing.get(label, "the reference has no value for it")
+            unchecked[label] = why_missing.get(label, "the reference has no value for it")
             continue
-        try:
-            got = results.get_tensor(value.key)
-        except ProbeError as err:
-            out.unchecked[label] = f"not served: {err}"
+        wanted.append((value, name, label, served, ref))
+    # served all at once (a generation compare asks hundreds of values a step)
+    dtypes, entries, tolerances = set(), [], {}
+    for (value, name, label, served, ref), got in zip(wanted, results.serve_many([w[0].key for w in wanted])):
+        if isinstance(got, ProbeError):
+            unchecked[label] = f"not served: {got}"
             continue
-        tol = (tolerance_for(value.names) if tolerance_for else None) or tolerance_of(ref.dtype, atol, rtol)
+        if tolerance_for is not None:
+            tol = tolerance_for(value.names) or tolerance_of(ref.dtype, atol, rtol)
+        else:
+            tol = tolerances.get(ref.dtype)
+            if tol is None:
+                tol = tolerances[ref.dtype] = tolerance_of(ref.dtype, atol, rtol)
         dtypes.add(ref.dtype)
-        entries.append((value.key, name, served.value, got, ref, tol))
+        entries.append((value.key, name, _SERVED_TEXT[served], got, ref, tol))
+    # (in the order asked, whichever pass found them: the verdict names the first)
+    if unchecked:
+        out.unchecked = {label: unchecked[label] for _, _, label in asked if label in unchecked}
     out.tolerance_rule = _rule(atol, rtol, {_dtype_name(d) for d in dtypes}, tolerance_for is not None)
     return out, entries
 

@@ -115,6 +115,19 @@ class Results:
             raise UnknownNameError(f"no source value has the tensor name {key!r}", hint="see the tensor column of sources")
         return self._served_value(key)
 
+    def serve_many(self, keys: list[str]) -> list:
+        """:meth:`get_tensor` of each of ``keys`` (tensor names of values that are not
+        sequences), in order: each the array, or the :class:`ProbeError` that says why it
+        cannot be served.  What a comparison of hundreds of values asks at once; a live probe
+        serves the captured ones without the per-value path."""
+        out = []
+        for key in keys:
+            try:
+                out.append(self._value(key))
+            except ProbeError as err:
+                out.append(err)
+        return out
+
     def get_all(self, pattern: str) -> dict[str, np.ndarray]:
         """Every value whose name matches the glob ``pattern``, by display name, in model order
         (a sequence as the list of its elements, see :meth:`get`)."""

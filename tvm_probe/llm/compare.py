@@ -77,20 +77,30 @@ def compare_generation(probe, reference: ReferenceGeneration | None = None, atol
     if reference is None:
         reference = reference_generate(probe, generation.prompt, len(generation.tokens), tokens=generation.tokens)
     steps = len(generation.tokens)
-    refs = [_served(probe, generation.calls[i], reference.values[i]) for i in range(steps)]
+    resolvable: dict = {}
+    refs = [_served(probe, generation.calls[i], reference.values[i], resolvable) for i in range(steps)]
     calls = compare_calls(probe, refs, atol=atol, rtol=rtol, calls=generation.calls)
     return GenerationComparison(calls=calls, tokens=list(generation.tokens), reference_tokens=list(reference.tokens))
 
 
-def _served(probe, call: int, values: dict) -> dict:
+def _served(probe, call: int, values: dict, resolvable: dict) -> dict:
     """The reference values whose module path has a value in that call's function (a module that
-    computes nothing of its own, e.g. Dropout in eval, has none: it is not compared)."""
-    kept = {}
-    with probe.in_call(call) as function_probe:
-        for path, array in values.items():
-            try:
-                function_probe.resolve(f"module:{path}")
-            except NameLookupError:
-                continue
-            kept[f"module:{path}"] = array
-    return kept
+    computes nothing of its own, e.g. Dropout in eval, has none: it is not compared), by the
+    name that value has there.  ``resolvable``: per function, each path's name where it has a
+    value, else "" (looked up once: a generation's decode steps ask the same paths)."""
+    known = resolvable.setdefault(probe.call_record(call).function, {})
+    unknown = [path for path in values if path not in known]
+    if unknown:
+        with probe.in_call(call) as function_probe:
+            for path in unknown:
+                known[path] = _name_with_value(function_probe, f"module:{path}")
+    return {known[path]: array for path, array in values.items() if known[path]}
+
+
+def _name_with_value(function_probe, name: str) -> str:
+    """``name`` if it names a value in that function, else ""."""
+    try:
+        function_probe.resolve(name)
+    except NameLookupError:
+        return ""
+    return name

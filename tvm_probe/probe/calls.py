@@ -284,18 +284,29 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     return measured(*_gathered(probe, reference, call, name_map, atol, rtol))
 
 
-def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol):
-    """:func:`compare_call` up to the measuring (:func:`~tvm_probe.comparison.verdict.gathered`)."""
-    name_map = dict(name_map or {})
+def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol, asking=None):
+    """:func:`compare_call` up to the measuring (:func:`~tvm_probe.comparison.verdict.gathered`).
+    ``asking``: a dict that keeps, per function and reference names, which values are asked
+    (the calls of a generation ask the same names of the same function, step after step)."""
     with probe.in_call(call) as function_probe:
-        # several reference names may name one value (a module and its last child): each is
-        # compared, under its own name, so no reference is dropped; all in source order
-        named: dict[str, list[str]] = {}
-        for name in reference:
-            named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
-        asked = [(value, name, name) for value in function_probe.sources_map.in_order(named)
-                 if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
-        return gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol)
+        names = tuple(reference)
+        found = None if asking is None else asking.get((function_probe, names))
+        if found is None:
+            found = _asked(function_probe, names, dict(name_map or {}))
+            if asking is not None:
+                asking[function_probe, names] = found
+        return gathered(function_probe, found, lambda name, value: reference[name], atol, rtol)
+
+
+def _asked(function_probe, names, name_map: dict) -> list:
+    """``(value, name, name)`` for each reference name, in the function's source order: several
+    reference names may name one value (a module and its last child), each is compared under
+    its own name, so no reference is dropped; inputs and weights are not compared."""
+    named: dict[str, list[str]] = {}
+    for name in names:
+        named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
+    return [(value, name, name) for value in function_probe.sources_map.in_order(named)
+            if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
 
 
 def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,
@@ -310,7 +321,8 @@ def compare_calls(probe, references, name_map: Mapping | None = None, atol: floa
         raise ProbeError(f"{len(references)} references for {len(calls)} calls ({made} made): give one "
                          "reference per call")
     # every call's values measured in one pass (a generation's steps hold a few dozen small values each)
-    gathered_calls = [_gathered(probe, ref, k, name_map, atol, rtol) for k, ref in zip(calls, references)]
+    asking: dict = {}
+    gathered_calls = [_gathered(probe, ref, k, name_map, atol, rtol, asking) for k, ref in zip(calls, references)]
     compared = iter(compare_many([e for _, entries in gathered_calls for e in entries]))
     out = CallsComparison()
     for k, (comparison, entries) in zip(calls, gathered_calls):

@@ -564,6 +564,11 @@ class Probe(Constructors, Results, Viewable):
     def _value(self, key: str) -> np.ndarray:
         return self._server.value(key, self._require_run(), self._values, self._folded)
 
+    def serve_many(self, keys: list[str]) -> list:
+        if self._capture is None:  # (each key gets the one-line "not run yet")
+            return super().serve_many(keys)
+        return self._server.values(keys, self._capture, self._values, self._folded)
+
     def values_kept_inside(self, site, key: str) -> dict[str, np.ndarray]:
         """Every source value the fused call site ``site`` keeps inside, by key, recomputed at
         once from the inputs it received in the last run (``key``, the value asked for, names
