@@ -133,3 +133,22 @@ def test_unchecked_values_are_listed_in_source_order_whatever_kept_them_out(fold
         assert any(isinstance(s, ProbeError) for s in probe.serve_many(keys))
     finally:
         probe.run(_inputs())
+
+
+def test_progress_moves_while_the_values_are_served():
+    """A compare of more values than one ``serve_many`` takes serves them a few dozen at a time,
+    reporting progress between the servings (a dump read back from disk reads each value then),
+    not all of it before the first."""
+    from support.models import chained_matmuls
+    from tvm_probe import Probe
+
+    model, inputs = chained_matmuls(layers=70, n=4)
+    probe = Probe.from_onnx(model)
+    probe.run(inputs)
+    events, serve = [], probe.serve_many
+    probe.serve_many = lambda keys: (events.append(("served", len(keys))), serve(keys))[1]  # (a spy)
+    result = compare(probe, onnxruntime_values(model, inputs), progress=lambda done, total: events.append(done))
+    assert result and len(result.values) == 70
+    servings = [i for i, event in enumerate(events) if type(event) is tuple]
+    assert [events[i][1] for i in servings] == [64, 6] and servings[0] < events.index(64)
+    assert [event for event in events if type(event) is int] == list(range(70))

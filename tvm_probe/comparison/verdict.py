@@ -376,6 +376,9 @@ def judge(results, asked, reference_of: Callable, atol: float | None = None, rto
 
 
 _SERVED_TEXT = {served: served.value for served in Served}  # (Enum's .value is a slow property)
+#: values served by one ``serve_many``: a generation step's few dozen at once, while a big dump's
+#: progress still moves as its values are read
+_SERVED_AT_ONCE = 64
 
 
 def gathered(results, asked, reference_of: Callable, atol: float | None = None, rtol: float | None = None,
@@ -385,37 +388,37 @@ def gathered(results, asked, reference_of: Callable, atol: float | None = None, 
     :func:`measured` finishes it; the calls of a generation are measured in one pass
     (:func:`tvm_probe.probe.calls.compare_calls`)."""
     out, why_missing = Comparison(), why_missing or {}
-    servings, unchecked, wanted = results.servings, {}, []
-    for done, (value, name, label) in enumerate(asked):
-        if progress is not None:
-            progress(done, len(asked))
-        out.names[label] = name
-        served = servings[value.key].served
-        if served is Served.UNAVAILABLE:
-            out.dead[label] = name
-            continue
-        if served is Served.SEQUENCE:  # compared element by element: each is a value of its own
-            continue
-        try:
-            ref = np.asarray(reference_of(label, value))
-        except KeyError:
-            unchecked[label] = why_missing.get(label, "the reference has no value for it")
-            continue
-        wanted.append((value, name, label, served, ref))
-    # served all at once (a generation compare asks hundreds of values a step)
-    dtypes, entries, tolerances = set(), [], {}
-    for (value, name, label, served, ref), got in zip(wanted, results.serve_many([w[0].key for w in wanted])):
-        if isinstance(got, ProbeError):
-            unchecked[label] = f"not served: {got}"
-            continue
-        if tolerance_for is not None:
-            tol = tolerance_for(value.names) or tolerance_of(ref.dtype, atol, rtol)
-        else:
-            tol = tolerances.get(ref.dtype)
-            if tol is None:
-                tol = tolerances[ref.dtype] = tolerance_of(ref.dtype, atol, rtol)
-        dtypes.add(ref.dtype)
-        entries.append((value.key, name, _SERVED_TEXT[served], got, ref, tol))
+    servings, unchecked, dtypes, entries, tolerances = results.servings, {}, set(), [], {}
+    for start in range(0, len(asked), _SERVED_AT_ONCE):
+        wanted = []
+        for done, (value, name, label) in enumerate(asked[start:start + _SERVED_AT_ONCE], start):
+            if progress is not None:
+                progress(done, len(asked))
+            out.names[label] = name
+            served = servings[value.key].served
+            if served is Served.UNAVAILABLE:
+                out.dead[label] = name
+                continue
+            if served is Served.SEQUENCE:  # compared element by element: each is a value of its own
+                continue
+            try:
+                ref = np.asarray(reference_of(label, value))
+            except KeyError:
+                unchecked[label] = why_missing.get(label, "the reference has no value for it")
+                continue
+            wanted.append((value, name, label, served, ref))
+        for (value, name, label, served, ref), got in zip(wanted, results.serve_many([w[0].key for w in wanted])):
+            if isinstance(got, ProbeError):
+                unchecked[label] = f"not served: {got}"
+                continue
+            if tolerance_for is not None:
+                tol = tolerance_for(value.names) or tolerance_of(ref.dtype, atol, rtol)
+            else:
+                tol = tolerances.get(ref.dtype)
+                if tol is None:
+                    tol = tolerances[ref.dtype] = tolerance_of(ref.dtype, atol, rtol)
+            dtypes.add(ref.dtype)
+            entries.append((value.key, name, _SERVED_TEXT[served], got, ref, tol))
     # (in the order asked, whichever pass found them: the verdict names the first)
     if unchecked:
         out.unchecked = {label: unchecked[label] for _, _, label in asked if label in unchecked}
