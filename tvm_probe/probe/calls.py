@@ -281,21 +281,19 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     reference name that names nothing there is an error (a typo must not pass as "nothing to
     check").  Only the values the reference has are compared.
     """
-    return measured(*_gathered(probe, reference, call, name_map, atol, rtol))
+    return measured(*_gathered(probe, reference, call, name_map, atol, rtol, {}))
 
 
-def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol, asking=None):
+def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol, asking: dict):
     """:func:`compare_call` up to the measuring (:func:`~tvm_probe.comparison.verdict.gathered`).
-    ``asking``: a dict that keeps, per function and reference names, which values are asked
-    (the calls of a generation ask the same names of the same function, step after step)."""
+    ``asking`` keeps, per function and reference names, which values are asked (the calls of
+    a generation ask the same names of the same function, step after step)."""
     with probe.in_call(call) as function_probe:
         names = tuple(reference)
-        found = None if asking is None else asking.get((function_probe, names))
-        if found is None:
-            found = _asked(function_probe, names, dict(name_map or {}))
-            if asking is not None:
-                asking[function_probe, names] = found
-        return gathered(function_probe, found, lambda name, value: reference[name], atol, rtol)
+        asked = asking.get((function_probe, names))
+        if asked is None:
+            asked = asking[function_probe, names] = _asked(function_probe, names, dict(name_map or {}))
+        return gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol)
 
 
 def _asked(function_probe, names, name_map: dict) -> list:

@@ -37,7 +37,7 @@ class ValueServer:
         serving, place = self.servings[key], self.kernel_map.places.get(key)
         served = serving.served
         value = self.imported.sources[key]
-        if served is Served.CAPTURED or served is Served.VIEW:  # (most values: first)
+        if served in _KERNEL_OUTPUTS:  # (most values: first)
             return self.site_output(capture, place.site, place.output, value.display_name)
         if served is Served.INPUT:
             item = getattr(self.imported, "param_items", {}).get(key)
