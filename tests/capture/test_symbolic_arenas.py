@@ -111,7 +111,7 @@ def assert_same_values(probe, rng, keys: list[str], selection, fast: int, slow: 
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeline):
+def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeline, monkeypatch):
     rng = np.random.default_rng(35)
     probe = Probe.from_hf(hf_decoder("llama"), pipeline=pipeline, max_len=32)
     shape = probe.hf.shape
@@ -140,12 +140,14 @@ def test_hf_llama_prefill_and_decode_steps_capture_as_the_instrument_does(pipeli
                           *out[1:])
         hooked.append(probe.call_record(fast).capture.instrument == HOOK)
         token = int(out[0].numpy()[0, -1].argmax())
-    served = []
-    for k in range(3):  # three more of everything: the weights-only values are served by the last at least
+    served, runs = [], counting_direct_calls(monkeypatch)
+    for k in range(4):  # four more of everything: the weights-only values are served by the last two at least
         out, fast = twice("decode", "all", np.array([[token]], np.int64), np.array([[16 + k]], np.int64), *out[1:])
         served.append(probe.call_record(fast).capture.served_from)
         token = int(out[0].numpy()[0, -1].argmax())
     assert_served_from_an_earlier_call(probe, "decode", served, fast)
+    # once served, a call of everything runs in one native call, hooked (its record made when read)
+    assert served[-1] is None or runs[-1:] == [True], (served, runs)
     assert all(hooked[1:]), hooked  # (the first decode step checks every call through the instrument)
     assert probe.functions["decode"]._executor.fast_calls, "no decode step took the prepared call"
     for pair in made:  # every call's values still as they were

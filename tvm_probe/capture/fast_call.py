@@ -15,6 +15,7 @@ from .native import CALLED, COPIED_BYTES, STOPPED, UNEXPECTED, PreparedArgument
 from .observer import ExecutorHandle
 from .plan import CapturePlan
 from .result import Capture
+from .weights_only import WeightsOnly
 
 
 class FastCall:
@@ -91,11 +92,19 @@ class FastCall:
         prepared.keep_run(capture, arena, self._sites if self._timed else None)
         return capture
 
-    def direct(self, params: list, arguments: list[PreparedArgument], types: tuple) -> "DirectCall | None":
+    @property
+    def plan(self) -> CapturePlan:
+        """The plan its runs capture."""
+        return self._plan
+
+    def direct(self, params: list, arguments: list[PreparedArgument], types: tuple,
+               weights: WeightsOnly | None = None) -> "DirectCall | None":
         """This call's runs in one native call each (:class:`DirectCall`): ``params`` holds every
         parameter's argument (the held weights; None where a caller's argument goes),
         ``arguments`` says where each caller argument goes and which are host arrays to check
-        and copy, ``types`` the type of each in the call that prepares it.  None where a run
+        and copy, ``types`` the type of each in the call that prepares it; ``weights``: the
+        :class:`~tvm_probe.capture.weights_only.WeightsOnly` serving the weights-only outputs
+        its captures leave out (a call of everything, this call of its reduced plan).  None where a run
         needs Python during or around it (outputs handed over as they come, inputs kept for
         recomputing), where kernel times live in the session's buffer (a static plan's, which
         the next run overwrites), or without the library.  Outputs go into the session's own
@@ -109,7 +118,7 @@ class FastCall:
             return None
         hooked = None if prepared is None else (self._vm.switch, prepared.session, self._expected)
         return DirectCall(self, library.prepare_call(self._function, params, arguments, hooked), params, arguments,
-                          types)
+                          types, weights)
 
     @property
     def session(self):
@@ -152,12 +161,15 @@ class DirectCall:
         params: every parameter's argument (held weights; None where a caller's argument goes).
         arguments: where each caller argument goes, which are host arrays.
         types: each caller argument's type in the call that prepared it.
+        weights: what serves the weights-only outputs its captures leave out (None: they leave
+            out none).
     """
 
-    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_tail", "_session")
+    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_tail", "_session", "_weights")
 
-    def __init__(self, fast: FastCall, prepared, params: list, arguments: list[PreparedArgument], types: tuple):
-        self._fast, self._call, self._status = fast, prepared.call, prepared.status
+    def __init__(self, fast: FastCall, prepared, params: list, arguments: list[PreparedArgument], types: tuple,
+                 weights: WeightsOnly | None = None):
+        self._fast, self._call, self._status, self._weights = fast, prepared.call, prepared.status, weights
         self._keep = prepared  # (the switch and session its native call uses stay open while it lives)
         self._params, self._free, self._types = params, [a.position for a in arguments], _types_check(types)
         self._session = fast.session  # (None: nothing hooked)
@@ -176,15 +188,15 @@ class DirectCall:
         except KeyboardInterrupt:
             raise
         except Exception as err:
-            return fast.rerun(err, self.arguments(args))
+            return self._served(fast.rerun(err, self.arguments(args)))
         ran, nanos, changed, copied, _ = self._status.tolist()
         if not ran:
             return None
         if self._session is None:
             return returned, (nanos / 1e3, None, 0)
         if changed:
-            return fast.rerun(TVMBehaviourChanged("the hooked kernels were called other than the kernel map has "
-                                                  "call sites of them"), self.arguments(args))
+            return self._served(fast.rerun(TVMBehaviourChanged(
+                "the hooked kernels were called other than the kernel map has call sites of them"), self.arguments(args)))
         # (held, the arena is the run's own: the next run copies into another)
         return returned, (nanos / 1e3, self._session.arena_tensor(), copied)
 
@@ -195,6 +207,12 @@ class DirectCall:
         if arena is not None:
             capture.copied_bytes = copied_bytes
             self._fast.keep_outputs(capture, arena)
+        return self._served(capture)
+
+    def _served(self, capture: Capture) -> Capture:
+        """``capture`` serving the weights-only outputs its plan leaves out, where it leaves some."""
+        if self._weights is not None and self._weights.served is not None:
+            self._weights.serve(capture)
         return capture
 
     def arguments(self, args: tuple) -> list:

@@ -150,7 +150,7 @@ class Probe(Constructors, Results, Viewable):
         fast = self._fast_calls.get(key)
         if fast is not None:  # a call made before: what was decided then holds (a decode loop)
             probe, plan, wanted, every, layouts, weights, direct = fast
-            ran = direct(args) if direct is not None else None  # the whole call in one native call
+            ran = direct(args) if direct else None  # the whole call in one native call (False: never)
             if ran is not None:
                 if type(ran) is tuple:  # (its record's Capture is made when read)
                     self._serve_run = False
@@ -165,6 +165,9 @@ class Probe(Constructors, Results, Viewable):
                 result = run(arguments, probe._arguments.arrays_at)
                 if weights is not None:
                     weights.took(self.num_calls, result, plan)
+                    if direct is None and plan is weights.reduced:  # served from now on: one native call
+                        direct = probe._direct(run, args, weights, layouts) or False
+                        self._fast_calls[key] = probe, fast[1], wanted, fast[3], layouts, weights, direct
                 record = self._record_call(function, result, wanted)
                 if layouts:  # what the KV caches hold after this call (it changes with the next)
                     record.kv = KVCaches.read(arguments, layouts)
@@ -193,13 +196,16 @@ class Probe(Constructors, Results, Viewable):
 
     def _direct(self, run, args: tuple, weights, layouts):
         """``run`` (a :class:`~tvm_probe.capture.fast_call.FastCall`) for later calls passing
-        arguments of the types of ``args``, in one native call each; None when the calls need
-        Python's path (the weights-only outputs change the plan from call to call; the KV
-        caches are read after each call)."""
-        arguments = self._arguments.prepared(args) if weights is None and not layouts else None
+        arguments of the types of ``args``, in one native call each (a call of everything: once
+        ``weights`` serves the weights-only outputs, ``run`` being of its reduced plan); None
+        when the calls need Python's path (the weights-only outputs not served yet: the plan
+        changes from call to call; the KV caches are read after each call)."""
+        if layouts or (weights is not None and (weights.served is None or run.plan is not weights.reduced)):
+            return None
+        arguments = self._arguments.prepared(args)
         if arguments is None:
             return None
-        return run.direct(self._arguments.template.copy(), arguments, tuple(map(type, args)))
+        return run.direct(self._arguments.template.copy(), arguments, tuple(map(type, args)), weights)
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
         """Replace weights the probe holds, by parameter name, in every function that takes them
