@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tvm_probe.compare import compare_arrays, compare_many
-from tvm_probe.core.metrics import EMPTY, ErrorStats, error_stats, worst
+from tvm_probe.core.metrics import EMPTY, ErrorStats, cosine_snr, cosine_snr_many, error_stats, worst
 
 nan, inf = math.nan, math.inf
 
@@ -157,6 +157,21 @@ def test_compare_measures_as_error_stats_alone_and_many_at_once(cases):
             assert value.nonfinite_differ == (s.mismatches > 0)
             if s.max_abs == inf:
                 assert not value.passed
+
+
+sums = st.sampled_from([0.0, 5e-324, 1e-300, 0.25, 1.0, 3.0, 1e300, inf, nan])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(sums, sums, sums, sums, st.booleans()), min_size=1, max_size=6))
+def test_cosine_snr_of_many_is_cosine_snr_of_each_bit_for_bit(rows):
+    """The vectorised cosine and SNR are the scalar ones, float for float: zero and NaN norms, no
+    noise, overflowed sums (gr signed either way)."""
+    rows = [(gg, rr, gr * (-1) ** k, noise, nonzero) for k, (gg, rr, gr, noise, nonzero) in enumerate(rows)]
+    cosine, snr = cosine_snr_many(*(np.array(column) for column in list(zip(*rows))[:4]), lambda i: rows[i][4])
+    for (gg, rr, gr, noise, nonzero), together in zip(rows, zip(cosine, snr)):
+        for alone, many in zip(cosine_snr(gg, rr, gr, noise, nonzero), together):
+            assert alone == many or (math.isnan(alone) and math.isnan(many)), (gg, rr, gr, noise, nonzero)
 
 
 # -- folding ---------------------------------------------------------------------------------------

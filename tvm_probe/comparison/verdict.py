@@ -28,7 +28,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..core.errors import ProbeError
-from ..core.metrics import EMPTY, TINY, cosine_snr, error_stats
+from ..core.memory import Scratch
+from ..core.metrics import EMPTY, TINY, cosine_snr_many, error_stats
 from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
@@ -97,12 +98,16 @@ class Comparison:
 
     def add(self, cmp: ValueComparison) -> None:
         """Record one compared value (in source order: the first failure is the first divergent)."""
-        self.values.append(cmp)
-        self.names[cmp.key] = cmp.name
-        if not cmp.passed and self.first_divergent is None:
-            self.first_divergent = cmp
-        if cmp.nonfinite_differ and self.first_nonfinite is None:
-            self.first_nonfinite = cmp
+        self.add_all([cmp])
+
+    def add_all(self, compared: list[ValueComparison]) -> None:
+        """Record compared values, in source order (a generation compare records hundreds a step)."""
+        self.values += compared
+        self.names.update([(cmp.key, cmp.name) for cmp in compared])
+        if self.first_divergent is None:
+            self.first_divergent = next((cmp for cmp in compared if not cmp.passed), None)
+        if self.first_nonfinite is None:
+            self.first_nonfinite = next((cmp for cmp in compared if cmp.nonfinite_differ), None)
 
     def table(self):
         """DataFrame: one row per value asked about, in source order, with its ``status``."""
@@ -169,15 +174,18 @@ def compare_many(entries) -> list[ValueComparison]:
             pairs.append((g, r, tol))
         else:
             out[i] = _compare_one(key, name, served, g, r, tol)
-    texts: dict = {}  # (dtype, the tolerance's id) → both as text (the tolerances live through this call)
+    # (ids of the dtype and the tolerance → both as text: both live through this call, and hashing
+    # ids is cheaper than hashing a dtype)
+    texts: dict = {}
     for i, (g, r, tol), metrics in zip(together, pairs, _finite_metrics(pairs)):
         key, name, served = entries[i][:3]
         if metrics is None:  # a NaN or infinity somewhere
             out[i] = _compare_one(key, name, served, g, r, tol)
             continue
-        text = texts.get((r.dtype, id(tol)))
+        dtype = r.dtype
+        text = texts.get((id(dtype), id(tol)))
         if text is None:
-            text = texts[r.dtype, id(tol)] = (_dtype_name(r.dtype), str(tol))
+            text = texts[id(dtype), id(tol)] = (_dtype_name(dtype), str(tol))
         out[i] = ValueComparison(key, name, served, *text, *metrics)  # (positional: hundreds a generation step)
     return out
 
@@ -218,15 +226,17 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         return out
     tolerances = set({id(pairs[i][2]): pairs[i][2] for i in kept}.values())  # (hashing each object once)
     if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
-        g, r, _ = pairs[kept[0]]
-        G, R, counts = g.ravel().astype(np.float64), r.ravel().astype(np.float64), sizes[kept[0]]
+        total, counts = sizes[kept[0]], sizes[kept[0]]
         per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
     else:
-        G = np.concatenate([pairs[i][0].ravel() for i in kept], dtype=np.float64)
-        R = np.concatenate([pairs[i][1].ravel() for i in kept], dtype=np.float64)
         counts = np.array([sizes[i] for i in kept])
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        total, starts = int(counts.sum()), np.concatenate(([0], np.cumsum(counts)[:-1]))
         per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
+    # (five float64 arrays of every element, reused from call to call: made fresh, they cost
+    # more than the arithmetic — a generation compare measures ~50k elements)
+    G, R, diff, scratch, bound = _SCRATCH.arrays(5, total)
+    np.concatenate([pairs[i][0].ravel() for i in kept], out=G)
+    np.concatenate([pairs[i][1].ravel() for i in kept], out=R)
     if len(tolerances) == 1:  # (the usual case: one dtype, one rule)
         (tolerance,) = tolerances
         atol, rtol = tolerance.atol, tolerance.rtol
@@ -234,32 +244,34 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         atol = np.repeat([pairs[i][2].atol for i in kept], counts)
         rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        # (in place where a pass can reuse a buffer: a generation compare measures ~50k elements)
-        diff = G - R
-        noise = per(np.add, np.square(diff))
+        np.subtract(G, R, out=diff)
+        noise = per(np.add, np.square(diff, out=scratch))
         np.abs(diff, out=diff)
-        scratch = np.abs(R)
-        bound = scratch * rtol
+        np.abs(R, out=scratch)
+        np.multiply(scratch, rtol, out=bound)
         bound += atol  # (atol + rtol * |ref|, as core.tolerance.within bounds it)
         within = per(np.logical_and, diff <= bound)
         np.maximum(scratch, TINY, out=scratch)
         max_rel = per(np.maximum, np.divide(diff, scratch, out=scratch))
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
-        columns = [a.tolist() for a in (
-            per(np.add, diff), within, per(np.maximum, diff), max_rel, per(np.add, np.square(G, out=scratch)),
-            per(np.add, np.square(R, out=bound)), per(np.add, np.multiply(G, R, out=scratch)), noise)]
-    for i, (sum_abs, passed, max_abs, max_rel, gg, rr, gr, noise) in zip(kept, zip(*columns)):
+        sum_abs = per(np.add, diff)
+        mean_abs = (sum_abs / counts).tolist()
+        cosine, snr = cosine_snr_many(
+            per(np.add, np.square(G, out=scratch)), per(np.add, np.square(R, out=bound)),
+            per(np.add, np.multiply(G, R, out=scratch)), noise,
+            # (whether any element is nonzero matters only where a side sums to zero)
+            lambda j: bool(np.any(pairs[kept[j]][0]) or np.any(pairs[kept[j]][1])))
+        columns = zip(kept, sum_abs.tolist(), mean_abs, per(np.maximum, diff).tolist(), max_rel.tolist(), cosine, snr,
+                      within.tolist())
+    for i, total_abs, mean, max_abs, rel, cos, db, passed in columns:
         # A NaN or infinity on either side makes the sum of differences NaN or infinite (so may a
         # sum of finite ones that overflows): _compare_one measures those, as the rule says.
-        if not math.isfinite(sum_abs):
-            continue
-        # (whether any element is nonzero matters only where a side sums to zero: looked at then)
-        nonzero = bool(gg and rr) or bool(np.any(pairs[i][0]) or np.any(pairs[i][1]))
-        cosine, snr = cosine_snr(gg, rr, gr, noise, nonzero)  # (math.log10: numpy's is less exact near 1)
-        out[i] = (max_abs, max_rel, sum_abs / sizes[i], cosine, snr, 0, 0, 0, 0, passed)
+        if math.isfinite(total_abs):
+            out[i] = (max_abs, rel, mean, cos, db, 0, 0, 0, 0, passed)
     return out
 
 
+_SCRATCH = Scratch()  # _finite_metrics' work arrays
 _EMPTY_METRICS = (EMPTY.finite_max_abs, EMPTY.max_rel, EMPTY.mean_abs, EMPTY.cosine, EMPTY.snr_db, 0, 0, 0, 0, True)
 
 
@@ -429,8 +441,7 @@ def gathered(results, asked, reference_of: Callable, atol: float | None = None, 
 def measured(comparison: Comparison, entries: list, compared: list[ValueComparison] | None = None) -> Comparison:
     """``comparison`` (of :func:`gathered`) with its ``entries`` measured, in source order, as
     asked (``compared``: measured already, by one :func:`compare_many` for several)."""
-    for value in compare_many(entries) if compared is None else compared:
-        comparison.add(value)
+    comparison.add_all(compare_many(entries) if compared is None else compared)
     return comparison
 
 

@@ -47,3 +47,28 @@ def aligned_bytes(nbytes: int) -> tuple[np.ndarray, int]:
     address = raw.__array_interface__["data"][0]
     skip = -address % ALIGN
     return raw[skip:skip + nbytes], address + skip
+
+
+class Scratch:
+    """Float64 work arrays reused from call to call, one set per thread, for a pass that would
+    otherwise make the same few large temporaries at every call.
+
+    Fresh arrays of a few hundred KiB cost more than the arithmetic done in them: glibc hands
+    the memory back to the system when they are freed together, and every page faults again
+    when next written (five such arrays of 52k elements: ~0.9 ms made fresh, ~0.08 ms reused,
+    measured on 2 cores).  Sets up to ``limit`` bytes are kept for the next call; larger ones
+    are made for the call alone.  What :meth:`arrays` returns is the caller's until its next
+    call in the same thread: it must not be kept.
+    """
+
+    def __init__(self, limit: int = 8 << 20):
+        self._limit, self._local = limit, threading.local()
+
+    def arrays(self, count: int, size: int) -> list[np.ndarray]:
+        """``count`` uninitialised float64 arrays of ``size`` elements each."""
+        if count * size * 8 > self._limit:
+            return list(np.empty((count, size)))
+        held = getattr(self._local, "block", None)
+        if held is None or held.shape[0] < count or held.shape[1] < size:
+            held = self._local.block = np.empty((count, size))
+        return [held[i, :size] for i in range(count)]

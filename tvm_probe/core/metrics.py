@@ -18,7 +18,7 @@ otherwise hide — and the NaN/Inf disagreements are counted beside them (``nan_
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -101,6 +101,25 @@ def cosine_snr(gg: float, rr: float, gr: float, noise: float, nonzero: bool) -> 
     cosine = gr / norm if norm > 0 else (0.0 if nonzero else 1.0)
     ratio = rr / noise if noise else math.inf
     snr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
+    return cosine, snr
+
+
+def cosine_snr_many(gg: np.ndarray, rr: np.ndarray, gr: np.ndarray, noise: np.ndarray,
+                    nonzero: Callable[[int], bool]) -> tuple[list[float], list[float]]:
+    """:func:`cosine_snr` of many values at once, from float64 arrays of their sums, the same
+    floats bit for bit (square roots, products and quotients are correctly rounded in numpy as
+    in ``math``; the logarithm is ``math.log10``).  ``nonzero(i)``: some element of value ``i``
+    is nonzero, asked only where its norm is zero."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        norm = np.sqrt(gg) * np.sqrt(rr)
+        cosine = (gr / norm).tolist()
+        ratio = (rr / noise).tolist()
+    for i in np.flatnonzero(~(norm > 0)).tolist():  # (a zero or NaN norm: rare)
+        cosine[i] = 0.0 if nonzero(i) else 1.0
+    log10, inf, nan = math.log10, math.inf, math.nan
+    snr = [10 * log10(x) if x > 0 else (-inf if x == 0 else nan) for x in ratio]
+    for i in np.flatnonzero(noise == 0).tolist():  # (no noise: an infinite ratio, as cosine_snr says)
+        snr[i] = inf
     return cosine, snr
 
 
