@@ -49,8 +49,9 @@ def _decode_args(probe, ids):
 
 
 def _judging_plan(probe, generation, reference) -> list:
-    """Per step of ``generation``: ``(call, [(reference name, site, output)])`` of each compared
-    value that is a kernel output (where :func:`_least_judging` reads it)."""
+    """Per step of ``generation``: ``[(reference name, site, output)]`` of each compared value
+    that is a kernel output (where :func:`_least_judging` reads it, in any generation of as many
+    steps)."""
     from tvm_probe.llm.compare import _served
 
     plan, resolvable = [], {}
@@ -59,7 +60,7 @@ def _judging_plan(probe, generation, reference) -> list:
         with probe.in_call(call) as function_probe:
             places = function_probe.kernel_map.places
             found = [(name, places[function_probe.resolve(name)]) for name in named]
-        plan.append((call, [(name, place.site, place.output) for name, place in found if place.site is not None]))
+        plan.append([(name, place.site, place.output) for name, place in found if place.site is not None])
     return plan
 
 
@@ -72,7 +73,7 @@ def _least_judging(probe, generation, reference, plan) -> None:
     from tvm_probe.llm.compare import _served
 
     tolerance, resolvable, pairs, names = tolerance_of(np.dtype("float32"), None, None), {}, [], []
-    for (call, values), (_, sites) in zip(zip(generation.calls, reference.values), plan):
+    for call, values, sites in zip(generation.calls, reference.values, plan):
         named, outputs = _served(probe, call, values, resolvable), probe.call_record(call).capture.outputs
         for name, site, output in sites:
             pairs.append((outputs.get(site)[output], named[name], tolerance))
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
               f"{ratio:.2f}x | <= {GENERATION_TARGET:.1f}x | {'met' if ratio <= GENERATION_TARGET else 'missed'} |", "",
               f"Ratios of the single rounds: {min(ratios):.2f}x to {max(ratios):.2f}x.", "",
               f"The compare in its parts (rounds of their own, each right after a generation): the eager reference "
-              f"{reference_ms:.1f} ms; judging the {sum(len(s) for _, s in plan)} values against it "
+              f"{reference_ms:.1f} ms; judging the {sum(map(len, plan))} values against it "
               f"(compare_generation given the reference) {judging_ms:.1f} ms; the least judging can cost (each value's "
               f"view in its capture, the one numpy pass measuring them all, a record per value; no lookup, check or "
               f"verdict) {floor_ms:.1f} ms. Reference plus that least judging: {floor_ratio:.2f}x of the generation.", "",

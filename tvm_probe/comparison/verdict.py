@@ -225,7 +225,7 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     if not kept:
         return out
     tolerances = set({id(pairs[i][2]): pairs[i][2] for i in kept}.values())  # (hashing each object once)
-    if len(kept) == 1:  # (compare_arrays: no concatenation, plain reductions)
+    if len(kept) == 1:  # (compare_arrays: plain reductions, no offsets)
         total, counts = sizes[kept[0]], sizes[kept[0]]
         per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
     else:
