@@ -1,6 +1,6 @@
 """What probing costs on an LLM decode step and on a generation compare (issues 24, 35).
 
-    python bench/llm.py            # ~2 minutes on 2 cores
+    python bench/llm.py            # ~6 minutes on 2 cores (three of them building the larger models)
     python bench/llm.py --quick    # fewer rounds (while developing)
 
 A tiny seeded transformers decoder (tests/support/hf_models.py) through ``Probe.from_hf`` (its
@@ -15,7 +15,9 @@ another order), medians:
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
   (the eager reference, teacher-forced, included; every value compared; target <= 2.5x), and
   that compare in its parts: the eager reference, judging against it, and the least judging
-  can cost in the probe's terms (each value's view, the one numpy pass, a record per value).
+  can cost in the probe's terms (each value's view, the one numpy pass, a record per value);
+* how the decode step's ratios grow with the model: seeded Llamas of hidden 256 at 2, 8 and 32
+  layers, the same variants against their own fastest plain call.
 
 Prints the tables and writes them to bench/results.md (section "LLM decode step and generation").
 """
@@ -35,6 +37,7 @@ FASTEST = "fastest plain VM call (input tensors made once)"
 FLOOR = "another VM of the executable, inputs moved as above, in a Python function keeping a record of the call"
 TARGETS = {"probe.call, capture=None": 1.02, "probe.call, one layer": 1.05, "probe.call, everything": 1.5}
 GENERATION_TARGET = 2.5  # a 16-step generation compare against the generation
+SCALING = (2, 8, 32)  # layers of the models whose decode step shows how the cost grows
 
 
 def _decode_args(probe, ids):
@@ -82,36 +85,11 @@ def _least_judging(probe, generation, reference, plan) -> None:
                           for name, metrics in zip(names, _finite_metrics(pairs))])
 
 
-def _median_us(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama")
-    parser.add_argument("--pipeline", default="default")
-    parser.add_argument("--repeat", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="60 rounds and 7 generations (while developing)")
-    parser.add_argument("--loaded", action="store_true", help="say in results.md that other work loaded the machine")
-    options = parser.parse_args(argv)
-    options.repeat = options.repeat or (60 if options.quick else 400)
-    generation_rounds = 7 if options.quick else 31
-
+def _decode_variants(probe, ids) -> dict:
+    """Each way of making the first decode step after the prefill of ``ids``, by its row name."""
     import numpy as np
     import tvm
-    from support.hf_models import decoder_ids, hf_decoder
-    from tvm_probe import Probe
-    from tvm_probe.llm.hf import compare_generation
-    from tvm_probe.llm.reference import reference_generate
 
-    model = hf_decoder(options.family)
-    ids = decoder_ids(0, batch=1, seq=8).numpy()
-    probe = Probe.from_hf(model, pipeline=options.pipeline, max_len=32)
     token, position, past = _decode_args(probe, ids)
     # what a user deploys: a VM of the same executable with no instrument (the probe's own VM keeps
     # the no-op instrument its last instrumented run left)
@@ -135,29 +113,94 @@ def main(argv=None) -> int:
         np.copyto(floor_views[1], position)
         result = floor_decode(floor_token, floor_position, *past)
         kept_calls.append(("decode", len(kept_calls), time.perf_counter()))
+        if len(kept_calls) > 64:
+            kept_calls.clear()  # a benchmark keeps no history
         return result
 
-    variants = {
+    return {
         # the token and position come from the host each step, as in a user's decode loop
         "plain VM call": lambda: plain(tvm.runtime.tensor(token), tvm.runtime.tensor(position), *past),
-        "fastest plain VM call (input tensors made once)": fastest_plain,
+        FASTEST: fastest_plain,
         FLOOR: floor,
         "probe.call, capture=None": lambda: probe.call("decode", token, position, *past, capture=None),
         "probe.call, one layer": lambda: probe.call("decode", token, position, *past,
                                                     capture=["model.layers.0"]),
         "probe.call, everything": lambda: probe.call("decode", token, position, *past, capture="all"),
     }
+
+
+def _interleaved(probe, variants: dict, repeat: int) -> dict:
+    """Microseconds of each variant's runs, ``repeat`` rounds of one run each, interleaved."""
     for fn in variants.values():  # warm up (first-call instrument set-up)
         fn()
     rounds = {name: [] for name in variants}
     order = list(variants.items())
-    for k in range(options.repeat):  # interleaved, so load on the machine hits every variant alike,
-        shift = k % len(order)       # each round in another order, so none always follows the same one
+    for k in range(repeat):  # interleaved, so load on the machine hits every variant alike,
+        shift = k % len(order)  # each round in another order, so none always follows the same one
         for name, fn in order[shift:] + order[:shift]:
             rounds[name].append(_median_us(fn, 1))
         if k % 64 == 0:
             probe.forget_calls(keep_last=1)  # a benchmark keeps no history
-            kept_calls.clear()
+    return rounds
+
+
+def _scaling_rows(options, missed: list) -> list[str]:
+    """How the decode step's ratios grow with the model: Llama of hidden 256 at 2, 8, 32 layers."""
+    from support.hf_models import decoder_ids, hf_decoder
+    from tvm_probe import Probe
+
+    lines = ["", f"**How the cost grows** (Llama, hidden 256, 4 heads, 2 KV heads, pipeline `{options.pipeline}`, "
+             f"seeded weights; medians of {options.repeat} interleaved decode steps, past of 8 tokens)", "",
+             "| layers | kernel calls | build s | fastest plain us | another VM | capture=None | one layer | everything |",
+             "|---|---|---|---|---|---|---|---|"]
+    ids = decoder_ids(0, batch=1, seq=8).numpy()
+    for layers in SCALING:
+        model = hf_decoder(options.family, hidden_size=256, intermediate_size=512, num_hidden_layers=layers)
+        start = time.perf_counter()
+        probe = Probe.from_hf(model, pipeline=options.pipeline, max_len=32)
+        build_s = time.perf_counter() - start
+        variants = {name: fn for name, fn in _decode_variants(probe, ids).items() if name != "plain VM call"}
+        medians = {name: statistics.median(times) for name, times in _interleaved(probe, variants, options.repeat).items()}
+        fastest, cells = medians[FASTEST], []
+        for name in (FLOOR, *TARGETS):
+            ratio, target = medians[name] / fastest, TARGETS.get(name)
+            if target is not None and ratio > target:
+                missed.append(f"{layers} layers: {name} {ratio:.3f}x")
+            cells.append(f"{ratio:.3f}x" + ("" if target is None else " (met)" if ratio <= target else " (missed)"))
+        kernels = len(probe.functions["decode"].kernel_map.sites)
+        lines.append(f"| {layers} | {kernels} | {build_s:.0f} | {fastest:.0f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _median_us(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="llama")
+    parser.add_argument("--pipeline", default="default")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="60 rounds and 7 generations (while developing)")
+    parser.add_argument("--loaded", action="store_true", help="say in results.md that other work loaded the machine")
+    options = parser.parse_args(argv)
+    options.repeat = options.repeat or (60 if options.quick else 400)
+    generation_rounds = 7 if options.quick else 31
+
+    from support.hf_models import decoder_ids, hf_decoder
+    from tvm_probe import Probe
+    from tvm_probe.llm.hf import compare_generation
+    from tvm_probe.llm.reference import reference_generate
+
+    model = hf_decoder(options.family)
+    ids = decoder_ids(0, batch=1, seq=8).numpy()
+    probe = Probe.from_hf(model, pipeline=options.pipeline, max_len=32)
+    rounds = _interleaved(probe, _decode_variants(probe, ids), options.repeat)
     fastest = statistics.median(rounds[FASTEST])
     missed = []
     lines = [f"Tiny seeded {options.family} (tests/support/hf_models.py) through `Probe.from_hf`, pipeline "
@@ -202,6 +245,7 @@ def main(argv=None) -> int:
             floors.append(time.perf_counter() - start)
         probe.forget_calls()
     generation, compare = statistics.median(generations), statistics.median(compares)
+    scaling = _scaling_rows(options, missed)  # (after the generations: their process as it was)
     reference_ms, judging_ms, floor_ms = (statistics.median(t) * 1e3 for t in (references, judgings, floors))
     floor_ratio = (generation * 1e3 + reference_ms + floor_ms) / (generation * 1e3)
     ratio = (generation + compare) / generation
@@ -218,7 +262,7 @@ def main(argv=None) -> int:
               f"(compare_generation given the reference) {judging_ms:.1f} ms; the least judging can cost (each value's "
               f"view in its capture, the one numpy pass measuring them all, a record per value; no lookup, check or "
               f"verdict) {floor_ms:.1f} ms. Reference plus that least judging: {floor_ratio:.2f}x of the generation.", "",
-              f"verdict: {result.verdict()}", "",
+              f"verdict: {result.verdict()}", *scaling, "",
               "`probe.call` moves numpy arguments into tensors it made once (a result that may refer to one gives "
               "it up), as the fastest plain call here does. A call's record keeps nothing of what the VM "
               "returned: holding each step's logits and KV tensors until forget_calls kept the VM from reusing "

@@ -96,14 +96,15 @@ DECODER_VOCAB, DECODER_HIDDEN, DECODER_HEADS, DECODER_KV_HEADS = 128, 64, 4, 2
 DECODER_FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "phi3", "gemma")
 
 
-def decoder_config(family: str):
+def decoder_config(family: str, **overrides):
     """A tiny config of ``family`` built in code: vocab 128, hidden 64, 2 layers, 4 heads
-    (2 KV heads where the family has grouped-query attention), seeded weights come later."""
+    (2 KV heads where the family has grouped-query attention), seeded weights come later.
+    ``overrides``: other config fields of a non-GPT-2 family (``hidden_size=256``, ``num_hidden_layers=8``)."""
     tf = _transformers()
     common = dict(vocab_size=DECODER_VOCAB, hidden_size=DECODER_HIDDEN, intermediate_size=128,
                   num_hidden_layers=LAYERS, num_attention_heads=DECODER_HEADS,
                   num_key_value_heads=DECODER_KV_HEADS, max_position_embeddings=POSITIONS,
-                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+                  bos_token_id=0, eos_token_id=1, pad_token_id=1) | overrides
     if family == "gpt2":
         return tf.GPT2Config(vocab_size=DECODER_VOCAB, n_embd=DECODER_HIDDEN, n_layer=LAYERS,
                              n_head=DECODER_HEADS, n_positions=POSITIONS, bos_token_id=0, eos_token_id=1)
@@ -113,11 +114,12 @@ def decoder_config(family: str):
     return configs[family](**common, **extra)
 
 
-def hf_decoder(family: str, seed: int = 0):
-    """A seeded ``*ForCausalLM`` of ``family`` in eval mode (no download)."""
+def hf_decoder(family: str, seed: int = 0, **overrides):
+    """A seeded ``*ForCausalLM`` of ``family`` in eval mode (no download); ``overrides`` as
+    :func:`decoder_config` takes them."""
     tf = _transformers()
     torch.manual_seed(seed)
-    return tf.AutoModelForCausalLM.from_config(decoder_config(family)).eval()
+    return tf.AutoModelForCausalLM.from_config(decoder_config(family, **overrides)).eval()
 
 
 def decoder_ids(seed: int = 0, batch: int = 1, seq: int = SEQ) -> torch.Tensor:
