@@ -35,9 +35,8 @@ def _hf_tokens(model, ids, steps: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def _check_generation(family: str, pipeline: str, probe=None) -> None:
+def _check_generation(family: str, probe) -> None:
     model, ids = hf_decoder(family), decoder_ids(0, batch=1, seq=PROMPT)
-    probe = probe or Probe.from_hf(model, pipeline=pipeline, max_len=32)
     tokens = probe.generate(ids, steps=STEPS)
     assert tokens == _hf_tokens(model, ids, STEPS), family
     assert list(probe.calls["function"])[-STEPS:] == ["prefill"] + ["decode"] * (STEPS - 1)
@@ -56,8 +55,22 @@ def _check_generation(family: str, pipeline: str, probe=None) -> None:
 
 
 @pytest.fixture(scope="module")
-def llama_probe():
-    return Probe.from_hf(hf_decoder("llama"), pipeline="default", max_len=32)
+def family_probe():
+    """``family_probe(family)``: one ``default`` probe per family, built on its first use and
+    shared by this module's tests (a build is most of a test's time; each test checks its own
+    generation, by the calls that generation made)."""
+    made = {}
+
+    def probe(family: str):
+        if family not in made:
+            made[family] = Probe.from_hf(hf_decoder(family), pipeline="default", max_len=32)
+        return made[family]
+    return probe
+
+
+@pytest.fixture(scope="module")
+def llama_probe(family_probe):
+    return family_probe("llama")
 
 
 @pytest.mark.slow
@@ -82,13 +95,13 @@ def test_llama_under_the_fused_pipeline_serves_every_value_of_every_step(llama_p
 
 
 def test_llama_generates_transformers_tokens_and_every_step_equals_eager(llama_probe):
-    _check_generation("llama", "default", llama_probe)
+    _check_generation("llama", llama_probe)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2"])
-def test_every_family_generates_transformers_tokens_and_every_step_equals_eager(family):
-    _check_generation(family, "default")
+def test_every_family_generates_transformers_tokens_and_every_step_equals_eager(family, family_probe):
+    _check_generation(family, family_probe(family))
 
 
 def test_values_answer_by_call_to_module_paths_fx_names_and_parameters(llama_probe):
@@ -191,9 +204,8 @@ def test_llama_answers_to_its_own_module_and_parameter_names_at_every_step(llama
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2", "phi3", "gemma"])
-def test_every_family_answers_to_its_own_module_and_parameter_names_at_every_step(family):
-    probe = Probe.from_hf(hf_decoder(family), pipeline="default", max_len=16)
-    assert _check_the_models_own_names(family, probe) >= NAME_STEPS * 40
+def test_every_family_answers_to_its_own_module_and_parameter_names_at_every_step(family, family_probe):
+    assert _check_the_models_own_names(family, family_probe(family)) >= NAME_STEPS * 40
 
 
 def test_a_decode_loop_fed_numpy_takes_the_prepared_call_and_equals_eager(llama_probe, monkeypatch):
