@@ -106,12 +106,15 @@ def decoder_config(family: str, **overrides):
                   num_key_value_heads=DECODER_KV_HEADS, max_position_embeddings=POSITIONS,
                   bos_token_id=0, eos_token_id=1, pad_token_id=1) | overrides
     if family == "gpt2":
+        if overrides:  # (its fields have other names: refused, not dropped)
+            raise ValueError(f"decoder_config('gpt2') takes no overrides, got {sorted(overrides)}")
         return tf.GPT2Config(vocab_size=DECODER_VOCAB, n_embd=DECODER_HIDDEN, n_layer=LAYERS,
                              n_head=DECODER_HEADS, n_positions=POSITIONS, bos_token_id=0, eos_token_id=1)
     configs = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig,
                "phi3": tf.Phi3Config, "gemma": tf.GemmaConfig}
-    extra = {"gemma": dict(head_dim=DECODER_HIDDEN // DECODER_HEADS)}.get(family, {})
-    return configs[family](**common, **extra)
+    if family == "gemma":  # (Gemma's head_dim is its own field: the others derive it from these two)
+        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
+    return configs[family](**common)
 
 
 def hf_decoder(family: str, seed: int = 0, **overrides):
