@@ -19,8 +19,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tvm_probe import InputError, ModelError, Probe, UnknownNameError, ValueUnavailableError  # noqa: E402
-from tvm_probe.probe.calls import CallArguments  # noqa: E402
-from tvm_probe.comparison.verdict import compare  # noqa: E402
+from tvm_probe.probe import calls as probe_calls  # noqa: E402
+from tvm_probe.probe.calls import CallArguments, compare_call, compare_calls  # noqa: E402
+from tvm_probe.comparison.verdict import PassedComparison, compare  # noqa: E402
 from tvm_probe.llm import compare_generation, reference_generate  # noqa: E402
 
 from support import SUPPORT  # noqa: E402
@@ -73,15 +74,19 @@ def llama_probe(family_probe):
     return family_probe("llama")
 
 
+@pytest.fixture(scope="module")
+def fused_llama_probe():
+    return Probe.from_hf(hf_decoder("llama"), pipeline="fused", max_len=32)
+
+
 @pytest.mark.slow
-def test_llama_under_the_fused_pipeline_serves_every_value_of_every_step(llama_probe):
+def test_llama_under_the_fused_pipeline_serves_every_value_of_every_step(llama_probe, fused_llama_probe):
     """The fused decode step's kernels take the past length as ``R.Shape([past])`` (FuseOps gives
     each fused function symbols of its own): the kernel map follows every value through it and
     recomputation feeds that run's length.  Every module path of every step equals eager, and
     every value (fx names included) equals the unfused build's (the ``default`` pipeline, where
     each value is its own kernel's output), nothing left unchecked."""
-    model, ids = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT)
-    probe = Probe.from_hf(model, pipeline="fused", max_len=32)
+    model, ids, probe = hf_decoder("llama"), decoder_ids(0, batch=1, seq=PROMPT), fused_llama_probe
     steps = 3  # the prefill and two decode steps: the second decode reads a past the first wrote
     assert probe.generate(ids, steps=steps) == _hf_tokens(model, ids, steps)
     result = compare_generation(probe)
@@ -92,6 +97,121 @@ def test_llama_under_the_fused_pipeline_serves_every_value_of_every_step(llama_p
         with probe.in_call(fused_call) as fused, llama_probe.in_call(default_call) as unfused:
             against_unfused = compare(fused, unfused)
             assert against_unfused and len(against_unfused.values) > 250, (fused_call, against_unfused.verdict())
+
+
+def _served_references(probe, generation, reference) -> list[dict]:
+    """Each step's eager values by the names they have in that call (as compare_generation asks them)."""
+    from tvm_probe.llm.compare import _served
+
+    return [_served(probe, k, values, {}) for k, values in zip(generation.calls, reference.values)]
+
+
+def _assert_same_comparison(got, expected, where) -> None:
+    """Two Comparisons of one call hold the same verdict, value by value (the figures to 1e-12:
+    numpy may sum a value's elements in another order where it starts elsewhere in a pass)."""
+    assert bool(got) == bool(expected) and len(got.values) == len(expected.values), where
+    for a, b in zip(got.values, expected.values):
+        for field, x in a.__dict__.items():
+            y = b.__dict__[field]
+            if isinstance(x, float):
+                assert x == pytest.approx(y, rel=1e-12, abs=1e-300, nan_ok=True), (where, a.name, field)
+            else:
+                assert x == y, (where, a.name, field)
+    assert (got.unchecked, got.dead, got.names, got.tolerance_rule) == \
+        (expected.unchecked, expected.dead, expected.names, expected.tolerance_rule), where
+    for first in ("first_divergent", "first_nonfinite"):
+        assert getattr(getattr(got, first), "name", None) == getattr(getattr(expected, first), "name", None), where
+
+
+def _spoiled(reference: dict, rng) -> dict:
+    """A random part of ``reference``, some values made what the columns must not take as they
+    are: out of tolerance, a NaN, float64, another shape, a torch tensor, integers."""
+    names = [n for n in reference if rng.random() < 0.7]
+    out = {n: reference[n] for n in names}
+    spoil = {
+        "off": lambda a: a + np.float32(0.01),
+        "nan": lambda a: np.where(np.arange(a.size).reshape(a.shape) == 0, np.float32(np.nan), a),
+        "float64": lambda a: a.astype(np.float64),
+        "reshaped": lambda a: a.reshape(-1),
+        "torch": lambda a: torch.from_numpy(np.ascontiguousarray(a)),
+        "int": lambda a: a.astype(np.int32),
+    }
+    for how, name in zip(rng.permutation(list(spoil)), rng.permutation(names)):
+        if rng.random() < 0.6:
+            out[name] = spoil[how](out[name])
+    return out
+
+
+@pytest.mark.parametrize("pipeline", ["default", "fused"])
+def test_calls_compared_as_columns_equal_each_call_compared_alone(pipeline, llama_probe, fused_llama_probe,
+                                                                   monkeypatch):
+    """compare_calls reads the kernel outputs a decode step's arena holds as columns and makes
+    their records when read (issue 35); each call's Comparison equals compare_call's, which
+    serves and measures value by value: on the generation as it is (every value taken as a
+    column from the second decode step on), and on random selections of each step's values
+    with some spoiled (out of tolerance, NaN, float64, reshaped, torch, int) across steps."""
+    probe = llama_probe if pipeline == "default" else fused_llama_probe
+    ids = decoder_ids(0, batch=1, seq=PROMPT)
+    probe.generate(ids, steps=5)
+    generation = probe.hf.generations[-1]
+    references = _served_references(probe, generation, reference_generate(probe, ids, 5, tokens=generation.tokens))
+    as_columns = []
+    measure = probe_calls.measure_columns
+    monkeypatch.setattr(probe_calls, "measure_columns",
+                        lambda parts: as_columns.append(sum(len(p.refs) for p in parts)) or measure(parts))
+    together = compare_calls(probe, references, calls=generation.calls)
+    # (unfused, every value is a kernel's output: decode steps 2-4 take all as columns; fused, most
+    # are recomputed from a fused kernel's inputs, served one by one)
+    assert together and as_columns[-1] >= (3 * 25 if pipeline == "default" else 3), as_columns
+    for (k, _, comparison), reference in zip(together.by_call, references):
+        alone = compare_call(probe, reference, call=k)
+        if pipeline == "default" and k >= generation.calls[2]:
+            assert type(comparison) is PassedComparison, k  # (its records made when read: now)
+        _assert_same_comparison(comparison, alone, k)
+    rng, verdicts = np.random.default_rng(35), set()
+    for trial in range(3):
+        spoiled = [_spoiled(reference, rng) for reference in references]
+        together = compare_calls(probe, spoiled, calls=generation.calls)
+        assert as_columns[-1] > 0, as_columns
+        for (k, _, comparison), reference in zip(together.by_call, spoiled):
+            _assert_same_comparison(comparison, compare_call(probe, reference, call=k), (trial, k))
+            verdicts |= {value.passed for value in comparison.values}
+    assert verdicts == {True, False}  # (the spoiled values were there to be found, among those that pass)
+
+
+@pytest.mark.parametrize("pipeline", ["default", "fused"])
+def test_a_generation_compare_reads_its_decode_steps_from_the_forward_as_each_step_alone_would(
+        pipeline, llama_probe, fused_llama_probe, monkeypatch):
+    """compare_generation takes decode steps 2 on from the teacher-forced forward at once, each
+    module's steps one block (issue 35): every step's Comparison equals compare_calls' of that
+    step's own reference dict, as generated, and with one module's value spoiled at one step
+    (out of tolerance at step 3, a NaN at step 4).  Fused, most values are recomputed: the steps
+    are compared one at a time, and equal too."""
+    from tvm_probe.llm import compare as llm_compare
+
+    probe = llama_probe if pipeline == "default" else fused_llama_probe
+    ids, steps = decoder_ids(0, batch=1, seq=PROMPT), 6
+    probe.generate(ids, steps=steps)
+    generation = probe.hf.generations[-1]
+    stacked = []
+    at_once = llm_compare.compare_stacked
+    monkeypatch.setattr(llm_compare, "compare_stacked", lambda *a: stacked.append(at_once(*a)) or stacked[-1])
+    for spoil in (None, ("model.layers.1.mlp.down_proj", 3, 0.01), ("model.layers.0.self_attn.q_proj", 4, np.nan)):
+        reference = reference_generate(probe, ids, steps, tokens=generation.tokens)
+        prompt_len, outputs = reference.forward
+        if spoil is not None:
+            path, step, value = spoil
+            array, axis = outputs[path]
+            array[(0,) * axis + (prompt_len + step - 1,)].flat[0] += value
+        result = compare_generation(probe, reference=reference)
+        assert (stacked[-1] is not None) == (pipeline == "default"), pipeline
+        expected = compare_calls(probe, _served_references(probe, generation, reference), calls=generation.calls)
+        assert [k for k, _, _ in result.calls.by_call] == generation.calls
+        for (k, _, got), (_, _, alone) in zip(result.calls.by_call, expected.by_call, strict=True):
+            _assert_same_comparison(got, alone, (spoil, k))
+        assert result.first_divergent == (None if spoil is None else (spoil[1], f"module:{spoil[0]}"))
+        if spoil is not None and np.isnan(spoil[2]):  # (said where it is: measured one by one)
+            assert "NaN" in result.calls.by_call[spoil[1]].comparison.first_divergent.note
 
 
 def test_llama_generates_transformers_tokens_and_every_step_equals_eager(llama_probe):

@@ -135,6 +135,28 @@ class LayoutOutputs(Mapping):
             self._rows, self._times = self._header(self._arena)
         return self._rows
 
+    @property
+    def plan_rows(self) -> dict:
+        """Site → (its first layout row, its number of outputs): one object for every call of one
+        capture plan (a caller may key what it derives from it by its identity)."""
+        return self._first
+
+    def dtype_of(self, site: int, output: int) -> np.dtype:
+        """The numpy dtype of output ``output`` of ``site`` (a site the plan copies)."""
+        return self._dtypes[site][output]
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """The layout rows at ``indices``: offset, nbytes (-1: not copied), ndim, dims."""
+        return self._layout()[indices]
+
+    def flat(self, dtype: np.dtype) -> np.ndarray:
+        """The whole arena as one flat array of ``dtype`` (a slot at byte offset ``o`` holding
+        ``n`` elements is ``flat[o // size:o // size + n]``, where ``o`` is a multiple of its size):
+        a generation compare takes a few dozen slots of every call, a slice each."""
+        self._layout()
+        dtype = np.dtype(dtype)
+        return np.ndarray((self._arena.nbytes // dtype.itemsize,), dtype, self._arena, 0)
+
     def times(self) -> np.ndarray:
         """The run's ``[starts, durations]`` of every native site, kept in the arena's header."""
         self._layout()

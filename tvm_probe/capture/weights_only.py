@@ -122,10 +122,19 @@ def _same(a, b) -> bool:
 
 
 class ServedOutputs(Mapping):
-    """A call's own outputs, and the weights-only ones served from an earlier call's capture."""
+    """A call's own outputs (:attr:`own`), and the weights-only ones served from an earlier
+    call's capture (:attr:`served`: by site)."""
 
     def __init__(self, own: Mapping, served: dict):
         self._own, self._served = own, served
+
+    @property
+    def own(self) -> Mapping:
+        return self._own
+
+    @property
+    def served(self) -> dict:
+        return self._served
 
     def __getitem__(self, site: int) -> list[np.ndarray]:
         found = self._served.get(site)

@@ -20,10 +20,9 @@ reference's — TVM adding them or dropping them.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -150,6 +149,33 @@ class Comparison:
         return ("" if self else "FAIL: ") + "; ".join(parts)
 
 
+class PassedComparison(Comparison):
+    """A :class:`Comparison` whose compared values all passed, measured as columns (a generation
+    compare measures hundreds a step): each value's :class:`ValueComparison` is made when
+    :attr:`values` is first read, and nothing else needs them (nothing failed, no first
+    divergent).  ``comparison``: the rest of it (names, unchecked, dead code, the rule);
+    ``records()``: the values' records, in source order."""
+
+    def __init__(self, comparison: Comparison, records: Callable[[], list]):
+        self.__dict__.update(comparison.__dict__)
+        self._records = records
+
+    @property
+    def values(self) -> list[ValueComparison]:
+        if self._records is not None:
+            self.__dict__["values"] = self.__dict__["values"] + self._records()
+            self._records = None
+        return self.__dict__["values"]
+
+    @values.setter
+    def values(self, values: list[ValueComparison]) -> None:
+        self.__dict__["values"], self._records = values, None
+
+    @property
+    def failed(self) -> list[ValueComparison]:
+        return [] if self._records is not None else super().failed
+
+
 # -- one value ---------------------------------------------------------------------------------
 def compare_arrays(key: str, name: str, served: str, got: np.ndarray, ref: np.ndarray,
                    tol: Tolerance | None = None) -> ValueComparison:
@@ -215,34 +241,67 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     """For each ``(got, ref, tol)`` of equal sizes: the fields of its :class:`ValueComparison`
     from ``max_abs`` on — max abs / max rel / mean abs error, cosine, SNR, no NaN or infinity on
     either side, and ``passed`` (every element within ``tol``) — or None when either holds a NaN
-    or an infinity.  All pairs in one pass over their elements laid end to end.
-
-    The figures of :func:`tvm_probe.core.metrics.error_stats` (test_metrics holds them equal), made
-    here for many pairs at once: a generation compare measures hundreds of small values a step."""
+    or an infinity.  All pairs in one pass (:func:`measure_laid`)."""
     sizes = [g.size for g, _, _ in pairs]
     out: list[tuple | None] = [_EMPTY_METRICS if not n else None for n in sizes]
     kept = [i for i, n in enumerate(sizes) if n]
-    if not kept:
-        return out
-    tolerances = set({id(pairs[i][2]): pairs[i][2] for i in kept}.values())  # (hashing each object once)
-    if len(kept) == 1:  # (compare_arrays: plain reductions, no offsets)
-        total, counts = sizes[kept[0]], sizes[kept[0]]
+    if kept:
+        figures = measure_laid([pairs[i][0].ravel() for i in kept], [pairs[i][1].ravel() for i in kept],
+                               [sizes[i] for i in kept], [pairs[i][2] for i in kept])
+        for i, *row, passed, finite in zip(kept, *figures):
+            if finite:
+                out[i] = (*row, 0, 0, 0, 0, passed)
+    return out
+
+
+class Figures(NamedTuple):
+    """What :func:`measure_laid` measured, one list per field, value by value (``finite``:
+    neither side holds a NaN or an infinity; where false, the other figures mean nothing)."""
+
+    max_abs: list
+    max_rel: list
+    mean_abs: list
+    cosine: list
+    snr_db: list
+    passed: list
+    finite: list
+
+
+def measure_laid(got: list[np.ndarray], ref: list[np.ndarray], sizes, tolerances) -> Figures:
+    """The figures of values laid end to end: ``got`` and ``ref`` hold their elements in order,
+    in flat arrays of any real dtype and any split (``got`` may be one array per call, ``ref``
+    one per value), ``sizes[i] > 0`` elements of value ``i`` (a list or an int array), judged by
+    ``tolerances[i]`` (or one :class:`Tolerance` for all).  A value holding a NaN or an infinity
+    on either side is not ``finite``: :func:`_compare_one` measures it, as the rule says.
+
+    The figures of :func:`tvm_probe.core.metrics.error_stats` (test_metrics holds them equal), made
+    for many values at once: a generation compare measures hundreds of small values a step."""
+    if isinstance(tolerances, Tolerance):
+        distinct = {tolerances}
+    else:
+        distinct = set({id(t): t for t in tolerances}.values())  # (hashing each object once)
+    if len(sizes) == 1:  # (compare_arrays: plain reductions, no offsets)
+        total = counts = int(sizes[0])
         per = lambda ufunc, a: ufunc.reduce(a, keepdims=True)  # noqa: E731
     else:
-        counts = np.array([sizes[i] for i in kept])
+        counts = np.asarray(sizes)
         total, starts = int(counts.sum()), np.concatenate(([0], np.cumsum(counts)[:-1]))
         per = lambda ufunc, a: ufunc.reduceat(a, starts)  # noqa: E731  (one value per pair)
     # (five float64 arrays of every element, reused from call to call: made fresh, they cost
     # more than the arithmetic — a generation compare measures ~50k elements)
     G, R, diff, scratch, bound = _SCRATCH.arrays(5, total)
-    np.concatenate([pairs[i][0].ravel() for i in kept], out=G)
-    np.concatenate([pairs[i][1].ravel() for i in kept], out=R)
-    if len(tolerances) == 1:  # (the usual case: one dtype, one rule)
-        (tolerance,) = tolerances
+    np.concatenate(got, out=G)
+    np.concatenate(ref, out=R)
+    if len(distinct) == 1:  # (the usual case: one dtype, one rule)
+        (tolerance,) = distinct
         atol, rtol = tolerance.atol, tolerance.rtol
     else:
-        atol = np.repeat([pairs[i][2].atol for i in kept], counts)
-        rtol = np.repeat([pairs[i][2].rtol for i in kept], counts)
+        atol = np.repeat([t.atol for t in tolerances], counts)
+        rtol = np.repeat([t.rtol for t in tolerances], counts)
+
+    def nonzero(j: int) -> bool:  # (some element of value j is nonzero: asked where a norm is zero)
+        edges = np.concatenate(([0], np.cumsum(np.atleast_1d(counts))))
+        return bool(np.any(G[edges[j]:edges[j + 1]]) or np.any(R[edges[j]:edges[j + 1]]))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         np.subtract(G, R, out=diff)
         noise = per(np.add, np.square(diff, out=scratch))
@@ -258,17 +317,12 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
         mean_abs = (sum_abs / counts).tolist()
         cosine, snr = cosine_snr_many(
             per(np.add, np.square(G, out=scratch)), per(np.add, np.square(R, out=bound)),
-            per(np.add, np.multiply(G, R, out=scratch)), noise,
-            # (whether any element is nonzero matters only where a side sums to zero)
-            lambda j: bool(np.any(pairs[kept[j]][0]) or np.any(pairs[kept[j]][1])))
-        columns = zip(kept, sum_abs.tolist(), mean_abs, per(np.maximum, diff).tolist(), max_rel.tolist(), cosine, snr,
-                      within.tolist())
-    for i, total_abs, mean, max_abs, rel, cos, db, passed in columns:
+            per(np.add, np.multiply(G, R, out=scratch)), noise, nonzero)
         # A NaN or infinity on either side makes the sum of differences NaN or infinite (so may a
         # sum of finite ones that overflows): _compare_one measures those, as the rule says.
-        if math.isfinite(total_abs):
-            out[i] = (max_abs, rel, mean, cos, db, 0, 0, 0, 0, passed)
-    return out
+        finite = np.isfinite(sum_abs).tolist()
+        return Figures(per(np.maximum, diff).tolist(), max_rel.tolist(), mean_abs, cosine, snr, within.tolist(),
+                       finite)
 
 
 _SCRATCH = Scratch()  # _finite_metrics' work arrays
@@ -454,6 +508,16 @@ def _check_same_model(a, b) -> None:
     if not (set(a.sources_map.values) & set(b.sources_map.values)):
         raise ProbeError("the two runs share no source name: a dump TVM's debug executor wrote has only "
                          "its own node names, which line up only with a dump of the same TVM graph")
+
+
+def tolerance_rule(atol, rtol, dtypes) -> str:
+    """The verdict's words for how values of ``dtypes`` (numpy dtypes) were judged."""
+    return _rule_of(atol, rtol, frozenset(_dtype_name(d) for d in dtypes))
+
+
+@functools.lru_cache(maxsize=256)
+def _rule_of(atol, rtol, dtypes: frozenset) -> str:
+    return _rule(atol, rtol, dtypes, False)  # (a generation compare words it for every call)
 
 
 def _rule(atol, rtol, dtypes, per_pattern: bool) -> str:

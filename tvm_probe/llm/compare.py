@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import NameLookupError, ProbeError
-from ..probe.calls import compare_calls
+from ..probe.calls import compare_calls, compare_stacked
+from ..probe.columns import StackedReference
 from ..probe.generate import Generation
 from .reference import ReferenceGeneration, reference_generate
 
@@ -33,9 +34,11 @@ class GenerationComparison:
 
     @property
     def first_divergent(self):
-        """``(step, value name)`` of the earliest call's first divergent value, or None."""
-        found = self.calls.first_divergent
-        return None if found is None else (found.call, found.value.name)
+        """``(step, value name)`` of the earliest step's first divergent value, or None (the
+        step: its place in the generation, 0 for the prefill, whatever calls the probe made before)."""
+        return next(((step, comparison.first_divergent.name)
+                     for step, (_, _, comparison) in enumerate(self.calls.by_call)
+                     if comparison.first_divergent is not None), None)
 
     def __bool__(self) -> bool:
         return bool(self.calls) and self.tokens == self.reference_tokens
@@ -76,11 +79,29 @@ def compare_generation(probe, reference: ReferenceGeneration | None = None, atol
     generation = generation or hf.generations[-1]
     if reference is None:
         reference = reference_generate(probe, generation.prompt, len(generation.tokens), tokens=generation.tokens)
-    steps = len(generation.tokens)
-    resolvable: dict = {}
-    refs = [_served(probe, generation.calls[i], reference.values[i], resolvable) for i in range(steps)]
-    calls = compare_calls(probe, refs, atol=atol, rtol=rtol, calls=generation.calls)
+    steps, resolvable = len(generation.tokens), {}
+    # (decode steps from the second on, read at once from the teacher-forced forward where it holds them)
+    stacked = _stacked(probe, generation, reference, resolvable) if steps > 2 else None
+    later = compare_stacked(probe, generation.calls[2:steps], stacked, atol, rtol) if stacked is not None else None
+    one_by_one = steps if later is None else 2
+    refs = [_served(probe, generation.calls[i], reference.values[i], resolvable) for i in range(one_by_one)]
+    calls = compare_calls(probe, refs, atol=atol, rtol=rtol, calls=generation.calls[:one_by_one])
+    if later is not None:
+        calls.by_call += later.by_call
     return GenerationComparison(calls=calls, tokens=list(generation.tokens), reference_tokens=list(reference.tokens))
+
+
+def _stacked(probe, generation: Generation, reference: ReferenceGeneration, resolvable: dict):
+    """The :class:`~tvm_probe.probe.columns.StackedReference` of decode steps 2 on: each module
+    path that has a value in decode, by that name, in the teacher-forced forward (None: not a
+    teacher-forced reference of this generation whose every module's axis was proved)."""
+    if reference.forward is None or len(reference.values) != len(generation.tokens):
+        return None
+    prompt_len, outputs = reference.forward
+    names = _names(probe, generation.calls[2], outputs, resolvable)
+    arrays = {names[path]: array for path, (array, _) in outputs.items() if names[path]}
+    axes = {names[path]: axis for path, (_, axis) in outputs.items() if names[path]}
+    return StackedReference(arrays, axes, [prompt_len + i - 1 for i in range(2, len(generation.tokens))])
 
 
 def _served(probe, call: int, values: dict, resolvable: dict) -> dict:
@@ -88,13 +109,20 @@ def _served(probe, call: int, values: dict, resolvable: dict) -> dict:
     computes nothing of its own, e.g. Dropout in eval, has none: it is not compared), by the
     name that value has there.  ``resolvable``: per function, each path's name where it has a
     value, else "" (looked up once: a generation's decode steps ask the same paths)."""
+    known = _names(probe, call, values, resolvable)
+    return {known[path]: array for path, array in values.items() if known[path]}
+
+
+def _names(probe, call: int, paths, resolvable: dict) -> dict:
+    """Each of ``paths``' name in that call's function where it has a value there, else ""
+    (kept in ``resolvable``, per function)."""
     known = resolvable.setdefault(probe.call_record(call).function, {})
-    unknown = [path for path in values if path not in known]
+    unknown = [path for path in paths if path not in known]
     if unknown:
         with probe.in_call(call) as function_probe:
             for path in unknown:
                 known[path] = _name_with_value(function_probe, f"module:{path}")
-    return {known[path]: array for path, array in values.items() if known[path]}
+    return known
 
 
 def _name_with_value(function_probe, name: str) -> str:

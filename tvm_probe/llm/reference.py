@@ -3,6 +3,7 @@ module's output recorded per call (issue 24).  torch is imported lazily."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +22,16 @@ class ReferenceGeneration:
     ``named_modules()``, as the probe names them)."""
 
     tokens: list[int]
-    values: list[dict]
+    values: Sequence[dict]
     past: list | None = field(default=None, repr=False)  # the eager cache after the last step
     logits_shapes: tuple = field(default=(), repr=False)  # the logits' shape at each step
     #: teacher-forced: the module paths taken from eager stepping token by token (no sequence
     #: axis proved for them), the others sliced from one forward (see :func:`teacher_forced`)
     stepwise: list = field(default_factory=list)
+    #: teacher-forced with every module's axis proved: ``(prompt length, {path: (the forward's
+    #: output, its sequence axis)})``, which holds decode step ``i``'s values (from step 2 on) at
+    #: position ``prompt length + i - 1`` (a compare reads them all at once: ``compare_generation``)
+    forward: tuple | None = field(default=None, repr=False)
 
 
 def reference_generate(model_or_probe, input_ids, steps: int, tokens=None) -> ReferenceGeneration:
@@ -115,15 +120,41 @@ def teacher_forced(step, shape, ids, steps: int, fed: list[int]) -> ReferenceGen
     prefill = [(path, *sliced[path]) for path in forward if path in sliced]
     decoded = [(path, *sliced[path]) for path in decode if path in sliced]
     argmax = logits[0].argmax(-1).tolist() if logits_axis == 1 else None  # (eager's token at each position)
-    values, tokens = [], []
-    for i in range(steps):
+
+    def values_at(i: int) -> dict:
         span = slice(0, prompt_len) if i == 0 else slice(prompt_len + i - 1, prompt_len + i)
-        values.append(dict(decode) if i == 1 else
-                      {path: array[prefix + (span,)] for path, array, prefix in (prefill if i == 0 else decoded)})
-        tokens.append(run.tokens[0] if i == 1 else argmax[span.stop - 1] if argmax is not None else stepwise.tokens[i])
+        values = dict(decode) if i == 1 else \
+            {path: array[prefix + (span,)] for path, array, prefix in (prefill if i == 0 else decoded)}
         if stepwise is not None and i != 1:
-            values[i].update({path: stepwise.values[i][path] for path in unproved if path in stepwise.values[i]})
-    return ReferenceGeneration(tokens=tokens, values=values, stepwise=unproved)
+            values.update({path: stepwise.values[i][path] for path in unproved if path in stepwise.values[i]})
+        return values
+    tokens = [run.tokens[0] if i == 1 else argmax[prompt_len + i - 1 if i else prompt_len - 1] if argmax is not None
+              else stepwise.tokens[i] for i in range(steps)]
+    forward_values = (prompt_len, {path: (forward[path], axes[path]) for path, _, _ in decoded}) \
+        if stepwise is None else None
+    return ReferenceGeneration(tokens=tokens, values=StepValues(steps, values_at), stepwise=unproved,
+                               forward=forward_values)
+
+
+class StepValues(Sequence):
+    """Each step's values of a teacher-forced reference (``{path: array}``), sliced from the
+    forward when a step is first read: a compare that reads them all at once
+    (:attr:`ReferenceGeneration.forward`) makes none."""
+
+    def __init__(self, steps: int, values_at):
+        self._values: list = [None] * steps
+        self._values_at = values_at
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        values = self._values[i]
+        if values is None:
+            values = self._values[i] = self._values_at(range(len(self))[i])
+        return values
 
 
 def sequence_axis(decode: tuple, forward: tuple, length: int) -> int | None:

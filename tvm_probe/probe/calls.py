@@ -15,7 +15,7 @@ from ..capture.native import PreparedArgument
 from ..comparison.verdict import compare_many, gathered, measured
 from ..core.errors import InputError, NotRunError, ProbeError
 from ..core.inputs import check_input, fast_check, id_range
-from ..core.sources import Kind
+from .columns import CallColumns, StackedReference, asked_values, column_plan, measure_columns, stacked_columns
 
 
 @dataclass(slots=True)
@@ -281,30 +281,9 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     reference name that names nothing there is an error (a typo must not pass as "nothing to
     check").  Only the values the reference has are compared.
     """
-    return measured(*_gathered(probe, reference, call, name_map, atol, rtol, {}))
-
-
-def _gathered(probe, reference: Mapping, call: int | None, name_map: Mapping | None, atol, rtol, asking: dict):
-    """:func:`compare_call` up to the measuring (:func:`~tvm_probe.comparison.verdict.gathered`).
-    ``asking`` keeps, per function and reference names, which values are asked (the calls of
-    a generation ask the same names of the same function, step after step)."""
     with probe.in_call(call) as function_probe:
-        names = tuple(reference)
-        asked = asking.get((function_probe, names))
-        if asked is None:
-            asked = asking[function_probe, names] = _asked(function_probe, names, dict(name_map or {}))
-        return gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol)
-
-
-def _asked(function_probe, names, name_map: dict) -> list:
-    """``(value, name, name)`` for each reference name, in the function's source order: several
-    reference names may name one value (a module and its last child), each is compared under
-    its own name, so no reference is dropped; inputs and weights are not compared."""
-    named: dict[str, list[str]] = {}
-    for name in names:
-        named.setdefault(function_probe.resolve(name_map.get(name, name)), []).append(name)
-    return [(value, name, name) for value in function_probe.sources_map.in_order(named)
-            if value.kind not in (Kind.INPUT, Kind.PARAM) for name in named[value.key]]
+        asked = asked_values(function_probe, tuple(reference), dict(name_map or {}))
+        return measured(*gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol))
 
 
 def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,
@@ -318,12 +297,37 @@ def compare_calls(probe, references, name_map: Mapping | None = None, atol: floa
     if len(calls) != len(references) or min(calls, default=0) < 0:
         raise ProbeError(f"{len(references)} references for {len(calls)} calls ({made} made): give one "
                          "reference per call")
-    # every call's values measured in one pass (a generation's steps hold a few dozen small values each)
-    asking: dict = {}
-    gathered_calls = [_gathered(probe, ref, k, name_map, atol, rtol, asking) for k, ref in zip(calls, references)]
-    compared = iter(compare_many([e for _, entries in gathered_calls for e in entries]))
+    # every call's values measured in one pass (a generation's steps hold a few dozen small values
+    # each): those in a call's arena read as columns, the rest served one by one (probe.columns)
+    tolerances, parts = {}, []
+    for k, reference in zip(calls, references):
+        record = probe.call_record(k)
+        with probe.in_call(k) as function_probe:
+            plan = column_plan(function_probe, tuple(reference), name_map)
+            parts.append(CallColumns(plan, function_probe, record.capture, reference, atol, rtol, tolerances))
+    measure_columns(parts)
+    compared = iter(compare_many([e for part in parts for e in part.rest]))
     out = CallsComparison()
-    for k, (comparison, entries) in zip(calls, gathered_calls):
-        comparison = measured(comparison, entries, [next(compared) for _ in entries])
+    for k, part in zip(calls, parts):
+        comparison = part.finish([next(compared) for _ in part.rest], atol, rtol)
         out.by_call.append(CallComparison(k, probe.call_record(k).function, comparison))
     return out
+
+
+def compare_stacked(probe, calls: list[int], stacked: StackedReference, atol: float | None = None,
+                    rtol: float | None = None) -> CallsComparison | None:
+    """:func:`compare_calls` of ``calls`` (of one function) against ``stacked`` (each label's
+    reference values of every call in one array, as a teacher-forced forward holds a
+    generation's decode steps), in one pass with no Python per value; None where that does not
+    apply to every value (:func:`~tvm_probe.probe.columns.stacked_columns` says when): compare
+    those calls with :func:`compare_calls` then."""
+    records = [probe.call_record(k) for k in calls]
+    if not records or len({record.function for record in records}) != 1:
+        return None
+    with probe.in_call(calls[0]) as function_probe:
+        plan = column_plan(function_probe, tuple(stacked.arrays), None)
+    parts = stacked_columns(plan, records, stacked, atol, rtol)
+    if parts is None:
+        return None
+    return CallsComparison([CallComparison(k, record.function, part.finish([], atol, rtol))
+                            for k, record, part in zip(calls, records, parts)])
