@@ -14,8 +14,8 @@ another order), medians:
   in another VM of the executable (as the probe's is), wrapped in a function keeping a record;
 * a 16-step generation: ``probe.generate`` against ``generate`` + ``compare_generation``
   (the eager reference, teacher-forced, included; every value compared; target <= 2.5x), and
-  that compare in its parts: the eager reference, judging against it, and the least judging
-  can cost in the probe's terms (each value's view, the one numpy pass, a record per value);
+  that compare in its parts: the eager reference, judging against it, and judging each call
+  alone, value by value (``compare_call`` a step at a time: how it was judged before issue 35);
 * how the decode step's ratios grow with the model: seeded Llamas of hidden 256 at 2, 8 and 32
   layers, the same variants against their own fastest plain call.
 
@@ -51,38 +51,15 @@ def _decode_args(probe, ids):
     return token, np.array([[ids.shape[1]]], np.int64), list(out[1:])
 
 
-def _judging_plan(probe, generation, reference) -> list:
-    """Per step of ``generation``: ``[(reference name, site, output)]`` of each compared value
-    that is a kernel output (where :func:`_least_judging` reads it, in any generation of as many
-    steps)."""
+def _each_call_alone(probe, generation, reference) -> None:
+    """Judging as compare_generation did before issue 35's columns: each step's values served,
+    measured and recorded one by one (compare_call, a step at a time)."""
     from tvm_probe.llm.compare import _served
+    from tvm_probe.probe.calls import compare_call
 
-    plan, resolvable = [], {}
+    resolvable: dict = {}
     for call, values in zip(generation.calls, reference.values):
-        named = _served(probe, call, values, resolvable)
-        with probe.in_call(call) as function_probe:
-            places = function_probe.kernel_map.places
-            found = [(name, places[function_probe.resolve(name)]) for name in named]
-        plan.append([(name, place.site, place.output) for name, place in found if place.site is not None])
-    return plan
-
-
-def _least_judging(probe, generation, reference, plan) -> None:
-    """The least judging a generation's values can cost, in the probe's own terms: each value's
-    view in its call's capture, one numpy pass measuring them all (the compare's own), one
-    record per value; no name lookup, no check, no verdict."""
-    import numpy as np
-    from tvm_probe.comparison.verdict import Comparison, ValueComparison, _finite_metrics, tolerance_of
-    from tvm_probe.llm.compare import _served
-
-    tolerance, resolvable, pairs, names = tolerance_of(np.dtype("float32"), None, None), {}, [], []
-    for call, values, sites in zip(generation.calls, reference.values, plan):
-        named, outputs = _served(probe, call, values, resolvable), probe.call_record(call).capture.outputs
-        for name, site, output in sites:
-            pairs.append((outputs.get(site)[output], named[name], tolerance))
-            names.append(name)
-    Comparison().add_all([ValueComparison(name, name, "captured", "float32", "", *metrics)
-                          for name, metrics in zip(names, _finite_metrics(pairs))])
+        compare_call(probe, _served(probe, call, values, resolvable), call=call)
 
 
 def _decode_variants(probe, ids) -> dict:
@@ -218,7 +195,7 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {us:.0f} | {us / fastest:.3f}x | {f'<= {target:.2f}x' if target else ''} | "
                      f"{verdict} |")
     steps, generations, compares, ratios = 16, [], [], []
-    references, judgings, floors, plan = [], [], [], None
+    references, judgings, alone = [], [], []
     for k in range(generation_rounds):  # each round: a generation, then its compare
         start = time.perf_counter()
         probe.generate(ids, steps=steps)
@@ -229,25 +206,24 @@ def main(argv=None) -> int:
         ratios.append((generations[-1] + compares[-1]) / generations[-1])
         probe.forget_calls()
         # then the compare in its parts, each right after a generation as in use: the eager
-        # reference, then judging against it (every other round) or the least judging can cost
+        # reference, then judging against it (every other round) or judging each call alone
         probe.generate(ids, steps=steps)
         generation_run = probe.hf.generations[-1]
         start = time.perf_counter()
         reference = reference_generate(probe, generation_run.prompt, steps, tokens=generation_run.tokens)
         references.append(time.perf_counter() - start)
-        plan = plan or _judging_plan(probe, generation_run, reference)
         start = time.perf_counter()
         if k % 2:
             compare_generation(probe, reference=reference)
             judgings.append(time.perf_counter() - start)
         else:
-            _least_judging(probe, generation_run, reference, plan)
-            floors.append(time.perf_counter() - start)
+            _each_call_alone(probe, generation_run, reference)
+            alone.append(time.perf_counter() - start)
         probe.forget_calls()
     generation, compare = statistics.median(generations), statistics.median(compares)
     scaling = _scaling_rows(options, missed)  # (after the generations: their process as it was)
-    reference_ms, judging_ms, floor_ms = (statistics.median(t) * 1e3 for t in (references, judgings, floors))
-    floor_ratio = (generation * 1e3 + reference_ms + floor_ms) / (generation * 1e3)
+    reference_ms, judging_ms, alone_ms = (statistics.median(t) * 1e3 for t in (references, judgings, alone))
+    compared = sum(len(comparison.values) for _, _, comparison in result.calls.by_call)
     ratio = (generation + compare) / generation
     if ratio > GENERATION_TARGET:
         missed.append(f"generation compare {ratio:.2f}x")
@@ -258,10 +234,10 @@ def main(argv=None) -> int:
               f"{ratio:.2f}x | <= {GENERATION_TARGET:.1f}x | {'met' if ratio <= GENERATION_TARGET else 'missed'} |", "",
               f"Ratios of the single rounds: {min(ratios):.2f}x to {max(ratios):.2f}x.", "",
               f"The compare in its parts (rounds of their own, each right after a generation): the eager reference "
-              f"{reference_ms:.1f} ms; judging the {sum(map(len, plan))} values against it "
-              f"(compare_generation given the reference) {judging_ms:.1f} ms; the least judging can cost (each value's "
-              f"view in its capture, the one numpy pass measuring them all, a record per value; no lookup, check or "
-              f"verdict) {floor_ms:.1f} ms. Reference plus that least judging: {floor_ratio:.2f}x of the generation.", "",
+              f"{reference_ms:.1f} ms; judging the {compared} values against it (compare_generation given the "
+              f"reference) {judging_ms:.1f} ms; judging each call alone, value by value (compare_call a step at a "
+              f"time, as compare_generation judged before issue 35's columns) {alone_ms:.1f} ms: "
+              f"{alone_ms / judging_ms:.1f}x.", "",
               f"verdict: {result.verdict()}", *scaling, "",
               "`probe.call` moves numpy arguments into tensors it made once (a result that may refer to one gives "
               "it up), as the fastest plain call here does. A call's record keeps nothing of what the VM "
@@ -291,18 +267,20 @@ def main(argv=None) -> int:
               "(2026-12-05): capture=None 1.11x, one layer 1.16x, Python's checks and moves around the VM call 12 us. The "
               "\"another VM\" row is the measurement's own spread: the same call in another VM of the executable "
               "lands 0.96-1.00x of the fastest, so 1.02x and 1.05x lie within a few percent of it. The generation "
-              "compare (its parts in the paragraph above the verdict line): right after a generation, everything "
-              "costs about twice what it costs measured alone (the eager reference ~5-6 ms, ~3.9 ms alone, of "
-              "which its two bare eager calls ~2.8 ms; a value's numpy view ~4 us, ~1.5 us alone; the numpy pass "
-              "~2 ms, ~1.1 ms alone), as the VM's run leaves torch's and Python's objects out of the caches (not TVM's "
-              "spinning thread pool: TVM_THREAD_POOL_SPIN_COUNT=0 changed it by a few percent). Reference plus the "
-              "least judging is already above 2.5x here, so the target needs what was not built: a native pass "
-              "reading each value from the arena's layout rows into the measuring (no numpy view per value), or an "
-              "eager reference without its proving decode step (one eager call; dropping the proof was rejected: "
-              "the sequence axis would then come from the shapes the importer recorded, not be proved by eager PyTorch). This round (2026-12-06): the "
-              "numpy pass's float64 work arrays are reused (made fresh, five ~400 KiB arrays cost ~0.9 ms a "
-              "compare) and cosine and SNR computed for all values at once: judging 7.06 -> 6.71 ms, measured side "
-              "by side in one process. Also: Python's "
+              "compare (its parts in the paragraph above the verdict line) judges as columns (issue 35, "
+              "2026-12-07; tvm_probe/probe/columns.py): the values a decode step's arena holds are checked against "
+              "their references with a few list operations a call and read as flat slices of the arena; decode "
+              "steps 2 on take each module's references for all steps at once from the teacher-forced forward (one "
+              "block a module, no slice per step: the reference's per-step dicts are made only when read); every "
+              "value is measured in one numpy pass, and a call whose values all passed makes their records when "
+              "first read (comparison.verdict.PassedComparison). A value the columns cannot take as it is (served "
+              "otherwise than from a kernel output, not in the arena as float32 at its reference's shape, a "
+              "reference that is not a float numpy array) goes the one-by-one way; tests/models/test_llm_generate.py "
+              "holds every step's verdict, value by value, equal to judging each call alone. Before (2026-12-06): "
+              "judging ~6.7-7.7 ms, the compare 2.84-2.90x. Right after a generation, everything costs more than "
+              "measured alone (the eager reference ~5-6 ms, ~3.9 ms alone), as the VM's run leaves torch's and "
+              "Python's objects out of the caches; the reference's two eager calls (the forward and the decode step "
+              "proving each module's sequence axis) are most of the compare now. Also: Python's "
               "collector, which walks the millions of objects torch and transformers hold: gc.freeze() once the "
               "probe is built took 11 us off the plain step and 19 us off a one-layer step. On 2 cores PyTorch's threads compete with TVM's spinning "
               "thread pool and with any other load (see docs/llm.md): the eager forward is where a loaded "
