@@ -9,7 +9,9 @@ those of the wrapper ``Probe.from_hf`` exports it in.
 """
 from __future__ import annotations
 
+import gc
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -212,6 +214,15 @@ def test_a_generation_compare_reads_its_decode_steps_from_the_forward_as_each_st
         assert result.first_divergent == (None if spoil is None else (spoil[1], f"module:{spoil[0]}"))
         if spoil is not None and np.isnan(spoil[2]):  # (said where it is: measured one by one)
             assert "NaN" in result.calls.by_call[spoil[1]].comparison.first_divergent.note
+    # a comparison kept after its calls are forgotten holds none of their captures
+    probe.generate(ids, steps=steps)
+    result = compare_generation(probe)
+    outputs = probe.call_record(probe.hf.generations[-1].calls[-1]).capture.outputs
+    outputs = weakref.ref(getattr(outputs, "own", outputs))
+    probe.forget_calls()
+    gc.collect()
+    assert outputs() is None
+    assert result and len(result.calls.by_call[-1].comparison.values) > 25
 
 
 def test_llama_generates_transformers_tokens_and_every_step_equals_eager(llama_probe):

@@ -19,6 +19,7 @@ to comparing each call alone.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from typing import Mapping, NamedTuple
@@ -209,20 +210,18 @@ class CallColumns:
     def records(self) -> list[ValueComparison]:
         """A record per picked value, from the pass's figures (those with a NaN or an infinity
         measured one by one, as compare_many measures them)."""
-        figures, first, stride, kernel, source = self.figures, self.first, self.stride, self.plan.kernel, self.source
-        one = self.tolerances[0] if len(self.tolerances) == 1 else None
-        out = []
-        for n, (j, ref) in enumerate(zip(self.picked, self.refs)):
-            _, site, output, key, name, _, served = kernel[j]
-            tol = one or self.tolerances[n]
-            at = first + n * stride
-            if figures.finite[at]:
-                out.append(ValueComparison(key, name, served, str(ref.dtype), str(tol), figures.max_abs[at],
-                                           figures.max_rel[at], figures.mean_abs[at], figures.cosine[at],
-                                           figures.snr_db[at], 0, 0, 0, 0, figures.passed[at]))
-            else:
-                out.append(compare_arrays(key, name, served, source[site][output], ref, tol))
-        return out
+        return _records(self.plan.kernel, self.picked, self.figures, self.first, self.stride, *self._texts(),
+                        self._measured_alone)
+
+    def _texts(self) -> tuple[list, list]:
+        """The picked values' dtypes and tolerances as text (one each where all share it)."""
+        dtypes = [str(next(iter(self.dtypes)))] if len(self.dtypes) == 1 else [str(r.dtype) for r in self.refs]
+        return dtypes, [str(t) for t in self.tolerances]
+
+    def _measured_alone(self, n: int, j: int) -> ValueComparison:
+        _, site, output, key, name, _, served = self.plan.kernel[j]
+        tol = self.tolerances[0] if len(self.tolerances) == 1 else self.tolerances[n]
+        return compare_arrays(key, name, served, self.source[site][output], self.refs[n], tol)
 
     def finish(self, rest: list[ValueComparison], atol, rtol) -> Comparison:
         """The call's Comparison, its values recorded in source order: the picked ones measured
@@ -237,10 +236,30 @@ class CallColumns:
         mine = slice(self.first, self.first + count * self.stride, self.stride)  # (its figures)
         if not rest and all(self.figures.passed[mine]) and all(self.figures.finite[mine]):
             comparison.names.update(self.plan.key_names if every else {kernel[j][3]: kernel[j][4] for j in self.picked})
-            return PassedComparison(comparison, self.records)
+            # (what makes the records holds no array: the arena may be reused, the reference freed)
+            return PassedComparison(comparison, functools.partial(
+                _records, kernel, self.picked, self.figures, self.first, self.stride, *self._texts()))
         order = self.plan.order
         comparison.add_all(sorted(self.records() + rest, key=lambda record: order[record.name]))
         return comparison
+
+
+def _records(kernel: list, picked, figures, first: int, stride: int, dtypes: list, tolerances: list,
+             measured_alone=None) -> list[ValueComparison]:
+    """The records of the ``picked`` kernel outputs (indices into ``kernel``), value ``n``'s
+    figures at ``first + n * stride``; one not finite is measured by ``measured_alone(n, j)``."""
+    out = []
+    for n, j in enumerate(picked):
+        at = first + n * stride
+        if not figures.finite[at]:
+            out.append(measured_alone(n, j))
+            continue
+        _, _, _, key, name, _, served = kernel[j]
+        out.append(ValueComparison(key, name, served, dtypes[n if len(dtypes) > 1 else 0],
+                                   tolerances[n if len(tolerances) > 1 else 0], figures.max_abs[at],
+                                   figures.max_rel[at], figures.mean_abs[at], figures.cosine[at], figures.snr_db[at],
+                                   0, 0, 0, 0, figures.passed[at]))
+    return out
 
 
 def measure_columns(calls: list[CallColumns]) -> None:
@@ -307,6 +326,9 @@ class _StackedRefs:
 
     def __iter__(self):
         return (self.stacked.value(label, self.call) for label in self.labels)
+
+    def __getitem__(self, n: int) -> np.ndarray:
+        return self.stacked.value(self.labels[n], self.call)
 
 
 def stacked_columns(plan: ColumnPlan, records: list, stacked: StackedReference, atol, rtol) -> list | None:
