@@ -163,7 +163,8 @@ class CallColumns:
         offsets, nbytes = [row[0] for row in rows], [row[1] for row in rows]
         if min(nbytes) <= 0 or any(offset & 3 for offset in offsets):
             return False  # (not copied in this call, or not at a float32 boundary)
-        self.picked, self.refs, self.offsets, self.sizes = range(len(refs)), refs, offsets, [n >> 2 for n in nbytes]
+        # (sizes from the references, whose shapes the rows matched: a slot may be padded past its value)
+        self.picked, self.refs, self.offsets, self.sizes = range(len(refs)), refs, offsets, [r.size for r in refs]
         self.tolerances, self.dtypes = [self._tolerance(next(iter(dtypes)), atol, rtol)], dtypes
         return True
 
