@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import re
+import types
 import weakref
 
 import numpy as np
@@ -401,6 +402,18 @@ def test_a_perturbed_decode_function_is_reported_at_its_step_and_op(monkeypatch)
     assert list(table["diverged"] > 0) == [False, True, True]
     step, name = result.first_divergent
     assert step == 1 and name.startswith("module:model.layers.1.mlp"), name  # the model's own path
+    # this probe's first calls ran through TVM's instrument (their outputs copied arrays): references of
+    # another Mapping type, one holding a NaN, are judged as each call alone judges them
+    generation = probe.hf.generations[-1]
+    assert type(probe.call_record(generation.calls[0]).capture.outputs) is dict
+    references = _served_references(probe, generation, reference_generate(probe, ids, 3, tokens=generation.tokens))
+    name = next(iter(references[0]))
+    references[0][name] = np.where(np.arange(references[0][name].size).reshape(references[0][name].shape) == 0,
+                                   np.float32(np.nan), references[0][name])
+    proxied = compare_calls(probe, [types.MappingProxyType(r) for r in references], calls=generation.calls)
+    for (k, _, comparison), reference in zip(proxied.by_call, references):
+        _assert_same_comparison(comparison, compare_call(probe, reference, call=k), k)
+    assert "NaN" in proxied.by_call[0].comparison.first_divergent.note
 
 
 @pytest.mark.parametrize("family", ["llama", *(pytest.param(f, marks=pytest.mark.slow)

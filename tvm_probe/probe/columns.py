@@ -68,6 +68,19 @@ def column_plan(function_probe, names: tuple, name_map: Mapping | None) -> "Colu
     return plan
 
 
+def _own_outputs(outputs) -> tuple:
+    """A call's own outputs, and the sites served from another call's capture (weights-only ones)."""
+    if isinstance(outputs, ServedOutputs):
+        return outputs.own, outputs.served
+    return outputs, {}
+
+
+def _rows_hold(rows: list, shapes: list) -> bool:
+    """Whether each layout row is a copied slot at a float32 boundary holding a value of its shape."""
+    return [tuple(row[3:3 + row[2]]) for row in rows] == shapes and min(row[1] for row in rows) > 0 \
+        and not any(row[0] & 3 for row in rows)
+
+
 class ColumnPlan:
     """What a function probe asks of each call for one set of reference names: the asked
     ``(value, name, label)`` in source order; those served from a kernel output (their sites,
@@ -120,14 +133,14 @@ class CallColumns:
     def __init__(self, plan: ColumnPlan, function_probe, capture, reference: Mapping, atol, rtol, tolerances: dict):
         self.plan, self.picked, self.refs, self.arrays, self.offsets, self.sizes = plan, [], [], [], [], []
         self.tolerances, self.dtypes, self.tolerances_by_dtype, self.stride = [], set(), tolerances, 1
-        outputs, served_elsewhere = capture.outputs, {}
-        if isinstance(outputs, ServedOutputs):  # (weights-only outputs come from another call's capture)
-            outputs, served_elsewhere = outputs.own, outputs.served
+        outputs, served_elsewhere = _own_outputs(capture.outputs)
         self.source = outputs if plan.kernel and type(reference) is dict and (
             type(outputs) is dict or isinstance(outputs, LayoutOutputs)) else None
-        if type(outputs) is dict:
+        if self.source is None:
+            pass  # (every value the general way)
+        elif type(outputs) is dict:
             self._copied(outputs, reference, served_elsewhere, atol, rtol)
-        elif self.source is not None:
+        else:
             index, float32 = plan.rows_in(outputs)
             rows = outputs.rows(index).tolist()  # (a kernel output the plan does not copy: index -1)
             if not (float32 and plan.sites.isdisjoint(served_elsewhere) and self._all(rows, reference, atol, rtol)):
@@ -140,6 +153,19 @@ class CallColumns:
                                                   rtol)
         else:  # (every value read as columns: nothing is served one by one)
             self.comparison, self.rest = Comparison(tolerance_rule=tolerance_rule(atol, rtol, ())), []
+
+    @classmethod
+    def measured_stacked(cls, plan: ColumnPlan, source, refs, sizes: list, tolerance, dtypes: set, laid: tuple, atol,
+                         rtol) -> "CallColumns":
+        """One call's part of :func:`stacked_columns`, every kernel output picked and measured
+        already: ``laid`` = (the figures, its first value's place, the calls' count)."""
+        part = cls.__new__(cls)
+        part.plan, part.source, part.picked, part.refs = plan, source, range(len(plan.kernel)), refs
+        part.arrays, part.offsets, part.sizes = [], [], sizes
+        part.tolerances, part.tolerances_by_dtype, part.dtypes = [tolerance], {}, dtypes
+        part.figures, part.first, part.stride = laid
+        part.comparison, part.rest = Comparison(tolerance_rule=tolerance_rule(atol, rtol, ())), []
+        return part
 
     def _tolerance(self, dtype: np.dtype, atol, rtol):
         tol = self.tolerances_by_dtype.get(dtype)
@@ -158,13 +184,11 @@ class CallColumns:
         dtypes = {r.dtype for r in refs}
         if len(dtypes) != 1 or next(iter(dtypes)).kind != "f":
             return False
-        if [r.shape for r in refs] != [tuple(row[3:3 + row[2]]) for row in rows]:
+        if not _rows_hold(rows, [r.shape for r in refs]):
             return False
-        offsets, nbytes = [row[0] for row in rows], [row[1] for row in rows]
-        if min(nbytes) <= 0 or any(offset & 3 for offset in offsets):
-            return False  # (not copied in this call, or not at a float32 boundary)
         # (sizes from the references, whose shapes the rows matched: a slot may be padded past its value)
-        self.picked, self.refs, self.offsets, self.sizes = range(len(refs)), refs, offsets, [r.size for r in refs]
+        self.picked, self.refs, self.offsets = range(len(refs)), refs, [row[0] for row in rows]
+        self.sizes = [r.size for r in refs]
         self.tolerances, self.dtypes = [self._tolerance(next(iter(dtypes)), atol, rtol)], dtypes
         return True
 
@@ -325,9 +349,6 @@ class _StackedRefs:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __iter__(self):
-        return (self.stacked.value(label, self.call) for label in self.labels)
-
     def __getitem__(self, n: int) -> np.ndarray:
         return self.stacked.value(self.labels[n], self.call)
 
@@ -348,17 +369,14 @@ def stacked_columns(plan: ColumnPlan, records: list, stacked: StackedReference, 
     expected = [stacked.shape(label) for label in plan.labels]
     flats, offsets = [], []
     for record in records:
-        outputs = record.capture.outputs
-        if isinstance(outputs, ServedOutputs):
-            if not plan.sites.isdisjoint(outputs.served):
-                return None
-            outputs = outputs.own
-        if not isinstance(outputs, LayoutOutputs):
+        outputs, served_elsewhere = _own_outputs(record.capture.outputs)
+        if not isinstance(outputs, LayoutOutputs) or not plan.sites.isdisjoint(served_elsewhere):
             return None
         index, float32 = plan.rows_in(outputs)
-        rows = outputs.rows(index).tolist() if float32 else None
-        if rows is None or [tuple(row[3:3 + row[2]]) for row in rows] != expected \
-                or min(row[1] for row in rows) <= 0 or any(row[0] & 3 for row in rows):
+        if not float32:
+            return None
+        rows = outputs.rows(index).tolist()
+        if not _rows_hold(rows, expected):
             return None
         flats.append(outputs.flat(_FLOAT32))
         offsets.append([row[0] >> 2 for row in rows])
@@ -368,13 +386,6 @@ def stacked_columns(plan: ColumnPlan, records: list, stacked: StackedReference, 
     figures = measure_laid([flat[at[m]:at[m] + size] for m, size in enumerate(sizes) for flat, at in zip(flats, offsets)],
                            [stacked.flat(label) for label in plan.labels],
                            [size for size in sizes for _ in records], tolerance)
-    parts = []
-    for c, (record, flat) in enumerate(zip(records, flats)):
-        part = CallColumns.__new__(CallColumns)
-        part.plan, part.source, part.picked = plan, record.capture.outputs, range(len(plan.kernel))
-        part.refs, part.arrays, part.offsets, part.sizes = _StackedRefs(stacked, plan.labels, c), [], [], sizes
-        part.tolerances, part.tolerances_by_dtype, part.dtypes = [tolerance], {}, dtypes
-        part.figures, part.first, part.stride = figures, c, len(records)
-        part.comparison, part.rest = Comparison(tolerance_rule=tolerance_rule(atol, rtol, ())), []
-        parts.append(part)
-    return parts
+    return [CallColumns.measured_stacked(plan, record.capture.outputs, _StackedRefs(stacked, plan.labels, c), sizes,
+                                         tolerance, dtypes, (figures, c, len(records)), atol, rtol)
+            for c, record in enumerate(records)]
