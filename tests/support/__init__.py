@@ -1,5 +1,5 @@
 """Helpers the tests share: the models they build, real TVM bugs, fuzz graphs, and the data files
-those read (``tflite_models/``).  Not part of tvm_probe.
+those read (``tflite_models/``, ``onnx_models/``).  Not part of tvm_probe.
 
 Importable as ``support`` because pytest puts ``tests/`` on ``sys.path`` when it loads
 ``tests/conftest.py`` (the default ``prepend`` import mode, no ``__init__.py`` in ``tests/``); the

@@ -453,6 +453,9 @@ def _quantization_arguments(command) -> None:
     quant.add_argument("--inputs", type=Path, metavar="F",
                        help=".npz of arrays named as the model's inputs (.npy for one input); default: random, "
                             "uniform in [-1, 1), seed 0")
+    quant.add_argument("--shapes", action="append", default=[], metavar="NAME=AxB",
+                       help="sizes for an input declared with symbolic dimensions, e.g. x=1x3x224x224 (repeat "
+                            "for each such input; default: the sizes of --inputs)")
     quant.add_argument("--target-sqnr", type=float, metavar="DB",
                        help="find the ops to keep in float so that the outputs' SQNR reaches DB")
     quant.add_argument("-o", "--output", type=Path, default=Path("quantization"), metavar="DIR",
@@ -468,12 +471,28 @@ def _cmd_quantization(args, progress) -> int:
     float_model = load_onnx(args.float_model)
     load_onnx(args.quantized_model)  # a missing file is said before any work
     given = _read_inputs(args.inputs, float_model) if args.inputs is not None else None
-    outcome = quantization_investigation(float_model, args.quantized_model, model_inputs(float_model, given),
+    shapes = _shapes(args.shapes)
+    outcome = quantization_investigation(float_model, args.quantized_model, model_inputs(float_model, given, shapes),
                                          args.output, args.target_sqnr, args.pipeline, args.target, progress,
-                                         view=args.view)
+                                         view=args.view, shapes=shapes)
     for line in outcome.lines():
         print(line)
     return outcome.exit_code
+
+
+def _shapes(given: list[str]) -> dict[str, tuple[int, ...]]:
+    """``--shapes NAME=AxB`` flags as ``shapes=``."""
+    shapes = {}
+    for flag in given:
+        name, _, dims = flag.partition("=")
+        try:
+            sizes = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            sizes = ()
+        if not name or not sizes or any(d <= 0 for d in sizes):
+            raise ConfigError(f"--shapes {flag}: give an input's name and its sizes, e.g. --shapes x=1x3x224x224")
+        shapes[name] = sizes
+    return shapes
 
 
 def _read_inputs(path: Path, model) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ from ..core.names import NameIndex
 from ..core.precision import PrecisionError, precision_tolerance
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, Exit
 from ..core.tolerance import Tolerance, tolerance_of, within
+from ..importer.onnx import load_onnx
 from ..llm import investigate_generation
 from ..probe.probe import Probe
 from ..probe.tvm_reference import TVMBuildReference
@@ -345,15 +346,20 @@ class QuantizationOutcome:
 def quantization_investigation(float_model, quantized_model, inputs: dict[str, np.ndarray], out_dir,
                                target_sqnr: float | None = None, pipeline: str = DEFAULT_PIPELINE,
                                target: str = DEFAULT_TARGET, progress: Progress | None = None,
-                               view: bool = False) -> QuantizationOutcome:
+                               view: bool = False, shapes: dict | None = None,
+                               import_fixes: bool = True) -> QuantizationOutcome:
     """Compare TVM's build of the QDQ model ``quantized_model`` with the float model and with
     onnxruntime, rank its ops by the outputs' SQNR with each kept in float, and (with
     ``target_sqnr``) find the ops to keep in float.  Writes ``out_dir/quantization.csv``,
     ``sensitivity.csv``, with a target ``keep_float.onnx`` (the QDQ model with them in float),
-    and with ``view`` the Model Explorer overlays of the float model in ``out_dir/view``."""
+    and with ``view`` the Model Explorer overlays of the float model in ``out_dir/view``.
+    ``shapes`` and ``import_fixes`` go to TVM's builds as for ``Probe.from_onnx`` (inputs declared
+    with symbolic dimensions and not in ``shapes`` are built for the sizes of ``inputs``)."""
     progress = progress or Progress(enabled=False)
+    shapes = {**_symbolic_input_sizes(float_model, inputs), **(shapes or {})}
     with progress.stage(f"compare ({pipeline} pipeline, {target})"):
-        comparison = compare_quantized(float_model, quantized_model, inputs, pipeline=pipeline, target=target)
+        comparison = compare_quantized(float_model, quantized_model, inputs, pipeline=pipeline, target=target,
+                                       shapes=shapes, import_fixes=import_fixes)
     with progress.stage("sensitivity (one build per quantized op)"):
         ranking = sensitivity(float_model, quantized_model, inputs, comparison=comparison)
     outcome = QuantizationOutcome(comparison=comparison, sensitivity=ranking)
@@ -376,10 +382,25 @@ def quantization_investigation(float_model, quantized_model, inputs: dict[str, n
     return outcome
 
 
-def model_inputs(model, given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def _symbolic_input_sizes(model, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """The sizes ``inputs`` have for the model's inputs declared with symbolic dimensions."""
+    specs = {s.name: s for s in _onnx_input_specs(load_onnx(model))}
+    return {name: tuple(np.shape(value)) for name, value in inputs.items()
+            if name in specs and any(d is None or d <= 0 for d in specs[name].shape)}
+
+
+def model_inputs(model, given: dict[str, np.ndarray] | None = None,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
     """Inputs for an ONNX model: ``given`` checked against its graph inputs, or (``None``) random
-    ones as a config's ``{random: {}}`` draws them (uniform in [-1, 1), seed 0)."""
+    ones as a config's ``{random: {}}`` draws them (uniform in [-1, 1), seed 0), of the sizes
+    ``shapes`` gives an input declared with symbolic dimensions."""
     specs = {s.name: s for s in _onnx_input_specs(model)}
+    unknown = [n for n in (shapes or {}) if n not in specs]
+    if unknown:
+        raise ConfigError(f"--shapes {unknown[0]}: the model has no input {unknown[0]!r}; its inputs are "
+                          f"{', '.join(specs)}")
+    for name, dims in (shapes or {}).items():
+        specs[name].shape = tuple(dims)
     if given is not None:
         unknown = [n for n in given if n not in specs]
         missing = [n for n in specs if n not in given]
@@ -389,8 +410,8 @@ def model_inputs(model, given: dict[str, np.ndarray] | None = None) -> dict[str,
         return dict(given)
     for spec in specs.values():
         if any(not isinstance(d, int) or d <= 0 for d in spec.shape):
-            raise ConfigError(f"input {spec.name!r} has symbolic dimensions {list(spec.shape)}: give the inputs "
-                              "(--inputs FILE.npz)")
+            raise ConfigError(f"input {spec.name!r} has symbolic dimensions {spec.declared}: give its sizes "
+                              f"(--shapes {spec.name}=AxB) or the inputs (--inputs FILE.npz)")
     return {n: InputSource(n, random={}).load(s) for n, s in specs.items()}
 
 
@@ -405,7 +426,8 @@ def _onnx_input_specs(model) -> list:
         if vi.name in initializers:
             continue
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim)
-        specs.append(SimpleNamespace(name=vi.name, shape=dims,
+        declared = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in vi.type.tensor_type.shape.dim]
+        specs.append(SimpleNamespace(name=vi.name, shape=dims, declared=declared,
                                      dtype=str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))))
     return specs
 
@@ -418,4 +440,4 @@ def config_quantization(config: Config, progress: Progress | None = None) -> Qua
     out_dir = config.output.report or (config.source.parent if config.source else Path(".")) / "quantization"
     return quantization_investigation(float_model, config.quantization.model, _graph_inputs(config, float_model),
                                       out_dir, config.quantization.target_sqnr, config.pipeline, config.target,
-                                      progress)
+                                      progress, shapes=config.model.shapes or None, import_fixes=config.import_fixes)
