@@ -283,6 +283,9 @@ def test_tvm_divergence_on_quantize_linear_of_nan_is_named(with_nan):
     float_path, qdq_path = with_nan
     clean = compare_quantized(float_path, qdq_path, _positive_inputs())
     assert clean.first_tvm_divergence is None
+    every = [op.name for op in clean.ops]  # (every op in float is the float model here too)
+    np.testing.assert_array_equal(_run(with_float_ops(onnx.load(float_path), onnx.load(qdq_path), every),
+                                       _positive_inputs()), _run(float_path, _positive_inputs()))
     inputs = _positive_inputs()
     inputs["x"][0] = 1e-4  # row 0: h0 and x quantize to 0, 0/0 is NaN
     report = compare_quantized(float_path, qdq_path, inputs)
@@ -327,7 +330,7 @@ def test_cli_quantization_end_to_end(planted, tmp_path, capsys):
                    "--target-sqnr", "1", "-o", str(out)])
     printed = capsys.readouterr().out
     assert status == Exit.OK
-    assert "1. fc2 (MatMul)" in printed and "every op in float: " in printed
+    assert "1. fc2 (MatMul + act2)" in printed and "every op in float: " in printed
     import pandas as pd
 
     ranking = pd.read_csv(out / "sensitivity.csv")
@@ -352,7 +355,7 @@ def test_cli_quantization_of_a_model_with_symbolic_dimensions(tmp_path, capsys):
             "(--inputs FILE.npz)") in capsys.readouterr().err
     assert main(["-q", "quantization", str(float_path), str(qdq_path), "--shapes", "x=4x16",
                  "-o", str(tmp_path / "shaped")]) == Exit.OK
-    assert "1. fc2 (MatMul)" in capsys.readouterr().out
+    assert "1. fc2 (MatMul + act2)" in capsys.readouterr().out
     np.savez(tmp_path / "inputs.npz", **_inputs(qm.mlp()))
     assert main(["-q", "quantization", str(float_path), str(qdq_path), "--inputs", str(tmp_path / "inputs.npz"),
                  "-o", str(tmp_path / "given")]) == Exit.OK
@@ -371,7 +374,7 @@ def test_yaml_quantization_key_runs_the_same(planted, tmp_path, capsys):
                       f"inputs: {{x: {{file: x.npy}}}}\noutput: {{report: out}}\n")
     assert main(["-q", "run", str(config)]) == Exit.DIVERGED  # 1000 dB: no set of ops in float reaches it
     printed = capsys.readouterr().out
-    assert "1. fc2 (MatMul)" in printed and "below the target 1000 dB" in printed
+    assert "1. fc2 (MatMul + act2)" in printed and "below the target 1000 dB" in printed
     assert (tmp_path / "out" / "sensitivity.csv").is_file() and (tmp_path / "out" / "quantization.csv").is_file()
 
 

@@ -357,7 +357,8 @@ class Sensitivity:
         lines = [f"note: {self.note}"] if self.note else []
         lines += [(f"QDQ model as given: outputs' SQNR {self.baseline_sqnr_db:.1f} dB; every op in float: "
                    f"{self.float_sqnr_db:.1f} dB; with one op in float (best first):")]
-        lines += [f"  {r['rank']:>3}. {r['name']} ({r['op_type']}): {r['sqnr_db']:.1f} dB ({r['gain_db']:+.1f})"
+        lines += [f"  {r['rank']:>3}. {r['name']} ({r['op_type']}{' + ' + r['folded'] if r['folded'] else ''}): "
+                  f"{r['sqnr_db']:.1f} dB ({r['gain_db']:+.1f}){' - ' + r['note'] if r['note'] else ''}"
                   for r in self.rows[:n]]
         return lines
 
