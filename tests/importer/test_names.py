@@ -50,3 +50,18 @@ def test_a_known_name_without_a_value_says_why(index):
         index.resolve("transformer_blocks.1")
     assert str(err.value) == ("'transformer_blocks.1' has no value: its forward is called directly, which "
                               "torch.export does not record")
+
+
+@pytest.mark.parametrize("typed,meant", [
+    ("layer_._0/attention/self/MatMuk", "bert/layer_._0/attention/self/MatMul"),  # a typo in a suffix
+    ("self/matmul", "bert/layer_._0/attention/self/MatMul"),                    # another case
+    ("LAYER_._0/Attention/Self/MatMul", "bert/layer_._0/attention/self/MatMul"),
+    ("transformer_block.0.attention", "transformer_blocks.0.attention"),          # a typo in a full name
+    ("embeding", "embedding"),
+])
+def test_unknown_names_suggest_the_closest_spellings(index, typed, meant):
+    """A suffix or case miss is suggested as a full typo is (tf2onnx names are long: a suffix typo
+    compared with whole names found nothing)."""
+    with pytest.raises(UnknownNameError) as err:
+        index.resolve(typed)
+    assert str(err.value).startswith(f"no source value is named {typed!r}; did you mean {meant!r}")

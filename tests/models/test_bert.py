@@ -111,6 +111,9 @@ def test_names_resolve_by_node_name_tensor_name_suffix_and_glob(bert_probe, bert
         bert_probe.get("attention/self/MatMul")
     with pytest.raises(UnknownNameError, match="did you mean.*layer_._0/attention/self/MatMul"):
         bert_probe.get("tf_bert_for_sequence_classification/bert/encoder/layer_._0/attention/self/MatMull")
+    for typed in ("layer_._0/attention/self/MatMuk", "Layer_._0/Attention/Self/MatMul"):  # a suffix, a case miss
+        with pytest.raises(UnknownNameError, match=f"'{typed}'; did you mean '{full}'"):
+            bert_probe.get(typed)
     with pytest.raises(UnknownNameError, match="empty name"):
         bert_probe.get("")
     with pytest.raises(UnknownNameError, match="matches no source value"):

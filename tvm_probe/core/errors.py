@@ -130,14 +130,23 @@ def internal_error(err: BaseException, doing: str) -> InternalError:
 
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    """The candidates most similar to ``name``, best first (for 'did you mean' hints)."""
-    candidates = list(candidates)
-    hits = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
-    if len(hits) < n:  # long scoped names: compare last components too
-        tail = name.rsplit("/", 1)[-1]
-        extra = [c for c in candidates if c.rsplit("/", 1)[-1] == tail and c not in hits]
-        hits += extra[: n - len(hits)]
-    return hits
+    """The candidates most similar to ``name``, best first (for 'did you mean' hints): the same
+    name in another case, then the names whose last components (as many as ``name`` has, on
+    ``/`` boundaries) are closest to it — a typo in a suffix of a long scoped name — then the
+    closest full names, then names ending with the same last component."""
+    candidates = list(dict.fromkeys(candidates))
+    wanted = name.strip("/").lower()
+    depth = wanted.count("/") + 1
+    by_suffix: dict[str, list[str]] = {}
+    for candidate in candidates:
+        by_suffix.setdefault("/".join(candidate.lower().split("/")[-depth:]), []).append(candidate)
+    hits = list(by_suffix.get(wanted, ()))
+    for suffix in difflib.get_close_matches(wanted, list(by_suffix), n=n, cutoff=0.75):
+        hits += by_suffix[suffix]
+    hits += difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    tail = name.rsplit("/", 1)[-1]
+    hits += [c for c in candidates if c.rsplit("/", 1)[-1] == tail]
+    return [h for h in dict.fromkeys(hits) if h != name][:n]
 
 
 #: Characters of another program's message (TVM's, onnxruntime's...) kept on a one-line error.
