@@ -10,7 +10,7 @@ import pytest
 from support.processes import run_cli
 from onnx import numpy_helper
 
-from tvm_probe import demo, load_dump
+from tvm_probe import UnknownNameError, demo, load_dump
 from tvm_probe.app.cli import main
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -181,6 +181,28 @@ def test_an_unknown_name_points_to_tvm_probe_ls(demo_run):
         out = run_cli(*args)
         assert out.returncode == 2 and out.stderr.strip().endswith(f"(list names with: tvm-probe ls {dump})")
         assert "probe.sources" not in out.stderr
+
+
+def test_ls_and_find_list_values_by_op_type(demo_run):
+    """Netron shows op types first; the demo BERT's ReduceMean nodes are named .../moments/mean, so
+    a pattern on the type finds nothing: --op (Python: find(op=)) lists them, and the miss says so."""
+    dump = demo_run[1] / "dump"
+    means = [n.name for n in demo.tiny_bert().graph.node if n.op_type == "ReduceMean"]  # the source model
+    assert len(means) == 10
+    listed = run_cli("ls", dump, "--op", "reducemean")
+    assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()[1:]] == means
+    assert list(load_dump(dump).find(op="ReduceMean")["name"]) == means
+    assert list(load_dump(dump).find("*/LayerNorm/*", op="ReduceMean")["name"]) == means
+    missed = run_cli("ls", dump, "*ReduceMean*")
+    assert missed.returncode == 2
+    assert "'ReduceMean' is an op type here: list its values by type" in missed.stderr
+    assert missed.stderr.strip().endswith(f"(list names with: tvm-probe ls {dump} --op ReduceMean)")
+    with pytest.raises(UnknownNameError, match=r"is an op type here: list its values by type "
+                                               r"\(probe.find\(op='ReduceMean'\)\)$"):
+        load_dump(dump).find("*ReduceMean*")
+    typo = run_cli("ls", dump, "--op", "ReduceMaen")
+    assert typo.returncode == 2 and "no source value comes from an op of type 'ReduceMaen'; did you mean " \
+                                   "'ReduceMean'?" in typo.stderr
 
 
 def test_ls_lists_computed_values_first_and_filters_by_kind(demo_run):

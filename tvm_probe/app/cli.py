@@ -1,7 +1,7 @@
 """The ``tvm-probe`` command line: parses arguments, calls one function, prints its result.
 
     tvm-probe run CONFIG [--set KEY=VALUE]... [--verify]   the main job: probe, dump, compare, report
-    tvm-probe ls DUMP [PATTERN]                 list source values in a dump (any of their names)
+    tvm-probe ls DUMP [PATTERN] [--op TYPE]     list source values in a dump (any of their names; by op type)
     tvm-probe get DUMP NAME [-o x.npy]          print or save one value
     tvm-probe compare DUMP                      compare a dump with the reference of its model
     tvm-probe diff DUMP_A DUMP_B                compare two runs of one model (builds, targets, versions)
@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("dump", type=Path)
     ls.add_argument("pattern", nargs="?", default="*",
                     help="glob over every name of a value: node, tensor, module path (default: *)")
+    ls.add_argument("--op", metavar="TYPE",
+                    help="only values made by an op of this type (as Netron shows it: MatMul, Einsum; any case)")
     ls.add_argument("--kind", action="append", choices=[k.value for k in LS_ORDER], metavar="KIND",
                     help=f"only values of this kind ({', '.join(k.value for k in LS_ORDER)}; repeat for several)")
 
@@ -231,7 +233,7 @@ LS_ORDER = (Kind.VALUE, Kind.INPUT, Kind.CONSTANT, Kind.PARAM)
 
 def _cmd_ls(args, progress) -> int:
     try:
-        found = load_dump(args.dump).find(args.pattern)
+        found = load_dump(args.dump).find(args.pattern, op=args.op)
     except UnknownNameError as err:
         raise err.listed_by(f"list names with: tvm-probe ls {args.dump}") from None
     if args.kind:

@@ -71,12 +71,17 @@ class UnknownNameError(NameLookupError):
 
     PYTHON_HINT = "list names with probe.sources"
 
-    def __init__(self, what: str, hint: str | None = PYTHON_HINT):
+    def __init__(self, what: str, hint: str | None = PYTHON_HINT, op_type: str | None = None):
+        self.what, self.op_type = what, op_type
+        if op_type is not None:  # what names an op type: say how to list by type (Python's words)
+            hint = f"probe.find(op={op_type!r})"
         super().__init__(f"{what} ({hint})" if hint else what)
-        self.what = what
 
     def listed_by(self, hint: str) -> "UnknownNameError":
-        """The same error, pointing to ``hint`` for the list of names."""
+        """The same error, pointing to ``hint`` for the list of names (a CLI command; where the
+        name is an op type, that command with ``--op``)."""
+        if self.op_type is not None:
+            return type(self)(self.what, f"{hint} --op {self.op_type}")
         return type(self)(self.what, hint)
 
 

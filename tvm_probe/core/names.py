@@ -106,7 +106,7 @@ class NameIndex:
         kind, bare = split_kind(pattern)
         hits = self._lookup(bare, (kind,) if kind else KINDS, lambda n: name_matches(n, bare))
         if not hits:
-            raise UnknownNameError(f"pattern {pattern!r} matches no source value")
+            raise UnknownNameError(f"pattern {pattern!r} matches no source value (the model has {len(self._order)})")
         return hits
 
     # -- helpers --------------------------------------------------------------------------------

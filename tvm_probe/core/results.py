@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import nbytes as dtype_nbytes
-from .errors import ProbeError, UnknownNameError, ValueUnavailableError
+from .errors import ProbeError, UnknownNameError, ValueUnavailableError, closest
 from .names import NameIndex, names_of
+from .schema import name_matches
 from .sources import Kind, Served, Servings, SourceMap
 
 
@@ -179,11 +180,40 @@ class Results:
         return pd.DataFrame(rows, columns=["name", "tensor", "op_type", "kind", "served", "node", "shape",
                                            "dtype", "other_names"])
 
-    def find(self, pattern: str):
-        """:attr:`sources` rows of the values with any name matching ``pattern`` (glob or name)."""
-        keys = set(self._names.match(pattern))
+    def find(self, pattern: str = "*", op: str | None = None):
+        """:attr:`sources` rows of the values with any name matching ``pattern`` (glob or name)
+        and, with ``op``, made by an op of that type: the type Netron shows (``"Einsum"``), as the
+        model names it (``"aten.bmm.default"``) or a part of it (``"bmm"``); any case, globs too.
+
+        Raises:
+            UnknownNameError: nothing matches; a pattern that names an op type says to use ``op=``.
+        """
         table = self.sources
+        if op is not None:
+            table = table[[op_type_matches(t, op) for t in table["op_type"]]]
+            if not len(table):
+                types = sorted({t for t in self.sources["op_type"] if t})
+                hint = closest(op, types)
+                raise UnknownNameError(f"no source value comes from an op of type {op!r}"
+                                       + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else "")
+                                       + f" (the op types here: {', '.join(types[:20])}"
+                                       + (", ...)" if len(types) > 20 else ")"), hint=None)
+        if pattern == "*":
+            return table
+        try:
+            keys = set(self._names.match(pattern))
+        except UnknownNameError as err:
+            raise self._op_type_hint(pattern, err) from None
         return table[table["tensor"].isin(keys)]
+
+    def _op_type_hint(self, pattern: str, err: UnknownNameError) -> UnknownNameError:
+        """``err``, saying that the words of ``pattern`` name an op type of the model (Netron
+        shows op types first: ``*GlobalMaxPool*`` where the node is ``.../Max``)."""
+        word = pattern.strip("*?[]").rsplit("/", 1)[-1]
+        if not word or not any(op_type_matches(t, word) for t in self.sources["op_type"] if t):
+            return err
+        return UnknownNameError(f"{err.what}; {word!r} is an op type here: list its values by type", hint=None,
+                                op_type=word)
 
     @property
     def nodes(self):
@@ -222,3 +252,10 @@ def not_computed(value, served: Served, why_unknown: str = "", known_limit: bool
     return ValueUnavailableError(
         f"{value.display_name!r} is dead code: no output of the source model depends on it, so the "
         "compiled module never computes it")
+
+
+def op_type_matches(op_type: str, wanted: str) -> bool:
+    """Whether ``op_type`` is the op type ``wanted`` names: equal or matching as a glob, in any
+    case, or one of its dotted parts (``bmm`` for ``aten.bmm.default``)."""
+    have, want = (op_type or "").lower(), wanted.lower()
+    return have == want or name_matches(have, want) or want in have.split(".")
