@@ -107,6 +107,32 @@ def test_usage_errors_exit_2(tmp_path):
     assert cli("--help").stdout.count("tvm-probe run CONFIG") == 1
 
 
+def test_help_lists_each_command_once_and_every_argument(capsys):
+    """tvm-probe --help: each command once (with its arguments); every argument of every command has a
+    help text; -v (TVM's compile log) only on the commands that build or run a model."""
+    import argparse
+
+    from tvm_probe.app.cli import _COMMANDS, _parser
+
+    parser = _parser()
+    text = parser.format_help()
+    for name in _COMMANDS:
+        assert text.count(f"    tvm-probe {name} ") == 1, name
+    assert "positional arguments" not in text
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        assert command.prog == f"tvm-probe {name}"
+        for action in command._actions:
+            assert action.help, f"tvm-probe {name}: {action.dest} has no help text"
+    reading = {"ls", "get", "diff", "report", "graph", "view"}
+    for name, command in sub.choices.items():
+        has_verbose = any("--verbose" in a.option_strings for a in command._actions)
+        assert has_verbose == (name not in reading), name
+    with pytest.raises(SystemExit):
+        main(["get", "some_dump", "name", "-v"])
+    assert "unrecognized arguments: -v" in capsys.readouterr().err
+
+
 def test_split_config_writes_the_plan_and_verifies_the_chain(tmp_path):
     proc = cli("split", CONFIGS / "split-demo.yaml", "--set", f"output.report={tmp_path}")
     assert proc.returncode == 0, proc.stderr

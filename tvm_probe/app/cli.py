@@ -12,7 +12,7 @@
     tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
     tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
     tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
-    tvm-probe quantization FLOAT QUANTIZED [--inputs F] [--target-sqnr DB]   which ops' int8 quantization hurts
+    tvm-probe quantization FLOAT QUANTIZED [--inputs F] [--shapes X=AxB] [--target-sqnr DB]   which ops' int8 quantization hurts
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.app.investigate` and the stage modules; the exit statuses in
@@ -64,10 +64,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(Exit.BAD_INPUT, f"tvm-probe: error: {message} (see tvm-probe --help)\n")
 
 
-def _global_options(parser, default) -> None:
+DUMP_HELP = "a dump folder (tvm-probe run's output.dump, or one TVM's old debug executor wrote)"
+
+
+def _global_options(parser, default, verbose: bool = True) -> None:
+    """-q, and -v where the command builds or runs a model with TVM (the others print no log)."""
     parser.add_argument("--quiet", "-q", action="store_true", default=default, help="no progress display")
-    parser.add_argument("--verbose", "-v", action="store_true", default=default,
-                        help="log what TVM prints while compiling, and more")
+    if verbose:
+        parser.add_argument("--verbose", "-v", action="store_true", default=default,
+                            help="log what TVM prints while compiling, and more")
 
 
 def _tvm_version() -> str:
@@ -82,17 +87,22 @@ def _tvm_version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     commands = __doc__.split("\n\n", 1)[1].split("\nGlobal options")[0]
-    p = _Parser(prog="tvm-probe",
+    # the commands are listed once, with their arguments (argparse's own list, suppressed, repeated them)
+    p = _Parser(prog="tvm-probe", usage="tvm-probe [-h] [--quiet] [--verbose] [--version] COMMAND ...",
                 description="Read any intermediate tensor of a TVM-compiled model by its source name.\n\n"
-                            + commands, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            "commands (tvm-probe COMMAND --help for each):\n" + commands,
+                epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _global_options(p, False)
     p.add_argument("--version", action="version", version=f"tvm-probe {__version__} (apache-tvm {_tvm_version()})")
-    common = argparse.ArgumentParser(add_help=False)
-    _global_options(common, argparse.SUPPRESS)  # after the command too, without resetting the top level
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    with_tvm, reading = argparse.ArgumentParser(add_help=False), argparse.ArgumentParser(add_help=False)
+    _global_options(with_tvm, argparse.SUPPRESS)  # after the command too, without resetting the top level
+    _global_options(reading, argparse.SUPPRESS, verbose=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser,
+                           help=argparse.SUPPRESS)
 
-    def command(name, **kw):
-        return sub.add_parser(name, parents=[common], **kw)
+    def command(name, tvm: bool = True, **kw):
+        """A command's parser; ``tvm=False`` for those that only read a dump (no -v)."""
+        return sub.add_parser(name, prog=f"tvm-probe {name}", parents=[with_tvm if tvm else reading], **kw)
 
     run = command("run", help="run the investigation a YAML config describes (the main job)",
                   description="Import and compile the model, run it once capturing intermediates, write the "
@@ -102,8 +112,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="also check every served value against an independent unfused build (exit 3 "
                           "if one differs: a tvm_probe problem)")
 
-    ls = command("ls", help="list the source values in a dump")
-    ls.add_argument("dump", type=Path)
+    ls = command("ls", tvm=False, help="list the source values in a dump")
+    ls.add_argument("dump", type=Path, help=DUMP_HELP)
     ls.add_argument("pattern", nargs="?", default="*",
                     help="glob over every name of a value: node, tensor, module path (default: *)")
     ls.add_argument("--op", metavar="TYPE",
@@ -111,20 +121,20 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--kind", action="append", choices=[k.value for k in LS_ORDER], metavar="KIND",
                     help=f"only values of this kind ({', '.join(k.value for k in LS_ORDER)}; repeat for several)")
 
-    get = command("get", help="print or save one value from a dump")
-    get.add_argument("dump", type=Path)
+    get = command("get", tvm=False, help="print or save one value from a dump")
+    get.add_argument("dump", type=Path, help=DUMP_HELP)
     get.add_argument("name", help="node name, tensor name, module path, or a unique '/'-suffix of one")
     get.add_argument("-o", "--npy", "--output", dest="output", type=Path, metavar="FILE",
                      help="save as .npy instead of printing")
 
     cmp = command("compare", help="compare a dump with the reference of its model on the dumped inputs",
                   epilog=EXIT_HELP)
-    cmp.add_argument("dump", type=Path)
+    cmp.add_argument("dump", type=Path, help=DUMP_HELP)
     cmp.add_argument("--model", type=Path, help="the ONNX model (default: the one the dump records)")
     _tolerance_arguments(cmp, recorded=True)
     cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
 
-    diff = command("diff", help="compare two dumps of one source model by source name (DUMP_B is the reference)",
+    diff = command("diff", tvm=False, help="compare two dumps of one source model by source name (DUMP_B is the reference)",
                    description="Line up two runs of the same source model by source name, whatever their "
                                "kernels (two pipelines, targets, dtypes, TVM versions), and compare them as "
                                "'compare' does, DUMP_B being the reference.", epilog=EXIT_HELP)
@@ -133,13 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     _tolerance_arguments(diff)
     diff.add_argument("-o", "--report", type=Path, help="also write the report (of DUMP_A) to this folder")
 
-    rep = command("report", help="write tables (CSV, HTML) and the graph for a dump")
-    rep.add_argument("dump", type=Path)
+    rep = command("report", tvm=False, help="write tables (CSV, HTML) and the graph for a dump")
+    rep.add_argument("dump", type=Path, help=DUMP_HELP)
     rep.add_argument("-o", "--output", type=Path, required=True, help="report folder")
     _tolerance_arguments(rep, recorded=True)
 
-    graph = command("graph", help="write the kernel graph of a dump as DOT or SVG")
-    graph.add_argument("dump", type=Path)
+    graph = command("graph", tvm=False, help="write the kernel graph of a dump as DOT or SVG")
+    graph.add_argument("dump", type=Path, help=DUMP_HELP)
     graph.add_argument("-o", "--output", type=Path, required=True, help="graph.dot or graph.svg")
 
     spl = command("split", help="cut the model into pipeline stages (the config's 'split' key), write the plan "
@@ -373,14 +383,14 @@ def _cmd_serve(args, progress) -> int:
 
 # -- tvm-probe view (tvm_probe/show/view.py) ----------------------------------------------------------
 def _view_arguments(command) -> None:
-    view = command("view", help="look at a dump in Google's Model Explorer: the source graph with each value's "
+    view = command("view", tvm=False, help="look at a dump in Google's Model Explorer: the source graph with each value's "
                                 "error, and the kernels TVM fused (needs tvm_probe[view])",
                    description="Serve Model Explorer on localhost with the source model the dump records (its "
                                "errors against the reference, how each value is served, the kernel computing it "
                                "and its time, as per-node overlays) and a graph of the compiled module, each fused "
                                "kernel call a group holding its source ops.  --export writes the same as Model "
                                "Explorer JSON files instead.")
-    view.add_argument("dump", type=Path)
+    view.add_argument("dump", type=Path, help=DUMP_HELP)
     view.add_argument("--model", type=Path, help="the source model (default: the one the dump records)")
     view.add_argument("--port", type=int, help="port to serve on (default: the first free one from 8080)")
     view.add_argument("--host", default="localhost", help="address to serve on (default: localhost)")
