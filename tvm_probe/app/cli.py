@@ -12,7 +12,7 @@
     tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
     tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
     tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
-    tvm-probe quantization FLOAT QUANTIZED [--inputs F] [--shapes X=AxB] [--target-sqnr DB]   which ops' int8 quantization hurts
+    tvm-probe quantization FLOAT QUANTIZED [--inputs F] [--shapes X=AxB] [--target-sqnr DB]   int8 ops that hurt
 
 Global options (-q, -v) go before or after the command.  The work itself lives in
 :mod:`tvm_probe.app.investigate` and the stage modules; the exit statuses in
@@ -134,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     _tolerance_arguments(cmp, recorded=True)
     cmp.add_argument("-o", "--report", type=Path, help="also write the report to this folder")
 
-    diff = command("diff", tvm=False, help="compare two dumps of one source model by source name (DUMP_B is the reference)",
+    diff = command("diff", tvm=False,
+                   help="compare two dumps of one source model by source name (DUMP_B is the reference)",
                    description="Line up two runs of the same source model by source name, whatever their "
                                "kernels (two pipelines, targets, dtypes, TVM versions), and compare them as "
                                "'compare' does, DUMP_B being the reference.", epilog=EXIT_HELP)
@@ -383,8 +384,9 @@ def _cmd_serve(args, progress) -> int:
 
 # -- tvm-probe view (tvm_probe/show/view.py) ----------------------------------------------------------
 def _view_arguments(command) -> None:
-    view = command("view", tvm=False, help="look at a dump in Google's Model Explorer: the source graph with each value's "
-                                "error, and the kernels TVM fused (needs tvm_probe[view])",
+    view = command("view", tvm=False,
+                   help="look at a dump in Google's Model Explorer: the source graph with each value's error, "
+                        "and the kernels TVM fused (needs tvm_probe[view])",
                    description="Serve Model Explorer on localhost with the source model the dump records (its "
                                "errors against the reference, how each value is served, the kernel computing it "
                                "and its time, as per-node overlays) and a graph of the compiled module, each fused "
@@ -484,9 +486,9 @@ def _cmd_quantization(args, progress) -> int:
     load_onnx(args.quantized_model)  # a missing file is said before any work
     given = _read_inputs(args.inputs, float_model) if args.inputs is not None else None
     shapes = _shapes(args.shapes)
-    outcome = quantization_investigation(float_model, args.quantized_model, model_inputs(float_model, given, shapes),
-                                         args.output, args.target_sqnr, args.pipeline, args.target, progress,
-                                         view=args.view, shapes=shapes)
+    inputs = model_inputs(float_model, given, shapes)
+    outcome = quantization_investigation(float_model, args.quantized_model, inputs, args.output, args.target_sqnr,
+                                         args.pipeline, args.target, progress, view=args.view, shapes=shapes)
     for line in outcome.lines():
         print(line)
     return outcome.exit_code

@@ -425,9 +425,10 @@ def _onnx_input_specs(model) -> list:
     for vi in model.graph.input:
         if vi.name in initializers:
             continue
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim)
-        declared = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in vi.type.tensor_type.shape.dim]
-        specs.append(SimpleNamespace(name=vi.name, shape=dims, declared=declared,
+        declared = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                    for d in vi.type.tensor_type.shape.dim]
+        specs.append(SimpleNamespace(name=vi.name, shape=tuple(d if isinstance(d, int) else None for d in declared),
+                                     declared=declared,
                                      dtype=str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))))
     return specs
 

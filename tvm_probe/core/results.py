@@ -188,11 +188,11 @@ class Results:
         Raises:
             UnknownNameError: nothing matches; a pattern that names an op type says to use ``op=``.
         """
-        table = self.sources
+        table = every = self.sources
         if op is not None:
-            table = table[[op_type_matches(t, op) for t in table["op_type"]]]
+            table = every[[op_type_matches(t, op) for t in every["op_type"]]]
             if not len(table):
-                types = sorted({t for t in self.sources["op_type"] if t})
+                types = sorted({t for t in every["op_type"] if t})
                 hint = closest(op, types)
                 raise UnknownNameError(f"no source value comes from an op of type {op!r}"
                                        + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else "")
@@ -203,17 +203,9 @@ class Results:
         try:
             keys = set(self._names.match(pattern))
         except UnknownNameError as err:
-            raise self._op_type_hint(pattern, err) from None
+            raise _op_type_hint(pattern, err, every["op_type"]) from None
         return table[table["tensor"].isin(keys)]
 
-    def _op_type_hint(self, pattern: str, err: UnknownNameError) -> UnknownNameError:
-        """``err``, saying that the words of ``pattern`` name an op type of the model (Netron
-        shows op types first: ``*GlobalMaxPool*`` where the node is ``.../Max``)."""
-        word = pattern.strip("*?[]").rsplit("/", 1)[-1]
-        if not word or not any(op_type_matches(t, word) for t in self.sources["op_type"] if t):
-            return err
-        return UnknownNameError(f"{err.what}; {word!r} is an op type here: list its values by type", hint=None,
-                                op_type=word)
 
     @property
     def nodes(self):
@@ -252,6 +244,16 @@ def not_computed(value, served: Served, why_unknown: str = "", known_limit: bool
     return ValueUnavailableError(
         f"{value.display_name!r} is dead code: no output of the source model depends on it, so the "
         "compiled module never computes it")
+
+
+def _op_type_hint(pattern: str, err: UnknownNameError, op_types) -> UnknownNameError:
+    """``err``, saying where the words of ``pattern`` name one of ``op_types`` (Netron shows op
+    types first: ``*GlobalMaxPool*`` where the node is ``.../Max``)."""
+    word = pattern.strip("*?[]").rsplit("/", 1)[-1]
+    if not word or not any(op_type_matches(t, word) for t in op_types if t):
+        return err
+    return UnknownNameError(f"{err.what}; {word!r} is an op type here: list its values by type", hint=None,
+                            op_type=word)
 
 
 def op_type_matches(op_type: str, wanted: str) -> bool:

@@ -341,12 +341,10 @@ class _Edit:
         existing = next((t for t in self.graph.initializer if t.name == tensor.name), None)
         if existing is not None and existing.SerializeToString() == tensor.SerializeToString():
             return tensor.name
-        name = tensor.name if tensor.name not in self.names else self.fresh(tensor.name)
-        self.names.add(name)
         copy = self.graph.initializer.add()
         copy.CopyFrom(tensor)
-        copy.name = name
-        return name
+        copy.name = self.fresh(tensor.name)
+        return copy.name
 
     def replace_output(self, position: int, value: str, select: str | None = None) -> None:
         """Graph output ``position`` becomes ``value`` (with ``select``: ``value`` where that boolean
@@ -417,7 +415,7 @@ def switchable(float_model, quantized_model):
     flags = {op.name: f"tvm_probe_keep_float_{k}" for k, op in enumerate(pair.ops)}
     edit.graph.input.extend(helper.make_tensor_value_info(flag, TensorProto.BOOL, []) for flag in flags.values())
     for tensor in pair.quantized:
-        if not tensor.dropped({op.name for op in pair.ops}):  # no set of kept ops drops it
+        if not tensor.dropped(set(flags)):  # no set of kept ops drops it
             continue
         condition = flags[tensor.members[0]]
         for member in tensor.members[1:]:
@@ -433,13 +431,16 @@ def switchable(float_model, quantized_model):
 
 def _read_names(graph) -> set[str]:
     """Every tensor name the graph's nodes read, in subgraphs (If, Loop bodies) too."""
-    read = set()
-    for node in graph.node:
-        read.update(node.input)
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                read |= _read_names(sub)
-    return read
+    return set().union(*(_read_names_of(node) for node in graph.node))
+
+
+def _read_names_of(node) -> set[str]:
+    """Every tensor name ``node`` reads: its inputs and what its subgraphs read."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            names |= _read_names(sub)
+    return names
 
 
 def _prune(graph) -> None:
@@ -488,14 +489,6 @@ def _sort_nodes(graph) -> None:
         copies = [_copy(nodes[i]) for i in order]
         del graph.node[:]
         graph.node.extend(copies)
-
-
-def _read_names_of(node) -> list[str]:
-    names = list(node.input)
-    for attribute in node.attribute:
-        for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            names.extend(sorted(_read_names(sub)))
-    return names
 
 
 def _copy(node):
