@@ -102,7 +102,7 @@ def bench_build(model, pipeline: str, rounds: int) -> dict[str, float]:
 def bench_runs(probe, inputs, rounds: int, tmp: Path) -> dict[str, float]:
     import tvm
 
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     vm = tvm.relax.VirtualMachine(probe.built.executable, tvm.cpu())  # no instrument at all
 
@@ -302,11 +302,11 @@ def count_vm_calls(probe, inputs) -> int:
 
 def native_main(probe, copy: bool):
     """A bare VM's ``main`` under a native session (built with the public API of
-    :mod:`tvm_probe.native`) that times every call and, with ``copy``, copies every kernel
+    :mod:`tvm_probe.capture.native`) that times every call and, with ``copy``, copies every kernel
     output into an arena; returns ``(run, bytes copied per run)``."""
     import tvm
 
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     sites, end = [], 0
     for s in probe.kernel_map.sites:
@@ -338,7 +338,7 @@ def vm_costs(probe, inputs, rounds: int) -> tuple[dict[str, float], int]:
     interleaved.  Also returns the bytes the copying variant copies."""
     import tvm
 
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     names = [s.name for s in probe.inputs]
 
@@ -618,7 +618,7 @@ def per_run_section(rounds: int = 400) -> list[str]:
              "Issue 22's targets: `Probe.run` against a plain VM run of the same executable fed numpy and "
              "returning numpy, demo BERT `fused`, after the probe's first run (which goes through TVM's "
              f"instrument and checks every call); {rounds} interleaved rounds. Later runs go through a VM "
-             "whose observed kernels are native hooks (`tvm_probe/kernel_hook.py`; none for "
+             "whose observed kernels are native hooks (`tvm_probe/capture/kernel_hook.py`; none for "
              "`capture=None`, every kernel and view for `'all'` and `kernel_times=True`): no TVM instrument. "
              "`Probe.run` moves inputs into tensors it made once and outputs out through DLPack, which is "
              "faster than the plain run as users write it (`tvm.runtime.tensor` in, `.numpy()` out), so the "
@@ -681,7 +681,7 @@ NOTES = """## Why targets are missed where they are
   Python (input checks, the capture selection, the node table). Together that is ~0.2 ms, a
   sixth of a demo run but below 1% of a bert-base run, where every target is met. Since issue 22,
   every run after a probe's first skips TVM's instrument altogether: the observed kernels are
-  native C++ hooks (see "Per-run overhead": `tvm_probe/kernel_hook.py`). What remains is
+  native C++ hooks (see "Per-run overhead": `tvm_probe/capture/kernel_hook.py`). What remains is
   `Probe.run`'s own Python (input checks with id bounds, the plan, the result): +25 us capturing
   nothing, +45 us one value, +75 us everything against the fastest plain run of the same
   executable. It runs with the caches the kernels just evicted (the same code costs 2 us in a warm

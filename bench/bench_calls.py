@@ -93,7 +93,7 @@ def measure(pipeline: str, config=None, steps: int = 400) -> dict:
     end(probe_cache)
     ids = tvm.runtime.tensor(np.array([[7]], dtype="int32"))
     decode = vm["decode"]
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     hooked = relax.VirtualMachine(vm_executable(mod, target, pipeline), tvm.cpu())
     hooked.set_instrument(native.load().noop())  # TVM's own price for any instrument

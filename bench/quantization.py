@@ -85,7 +85,7 @@ def _unfused(model_path, inputs):
 
 
 def measure(label, model, shape, inputs, uniform, each_alone: bool, folder: Path) -> tuple[str, str]:
-    from tvm_probe.quantization import compare_quantized, sensitivity
+    from tvm_probe.tools.quantization import compare_quantized, sensitivity
 
     from tvm_probe import Probe
     from tvm_probe.core.metrics import error_stats, worst

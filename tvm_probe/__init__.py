@@ -21,7 +21,7 @@ from .core.errors import (  # noqa: E402  (version first: the dump writer record
 #: What a user imports from ``tvm_probe``: the probe and dumps, comparison, references, errors.
 #: Everything here is loaded on first use (see __getattr__).
 _LAZY = {
-    "Probe": ".probe", "load_dump": ".store.dump", "Comparison": ".comparison",
+    "Probe": ".probe", "load_dump": ".store.dump", "compare": ".comparison.verdict", "Comparison": ".comparison",
     "Status": ".comparison", "Tolerance": ".core.tolerance", "Reference": ".comparison.reference",
     "register_reference": ".comparison.reference", "get_reference": ".comparison.reference",
     "onnxruntime_values": ".comparison.reference.onnxruntime", "torch_values": ".comparison.reference.torch",
@@ -29,16 +29,8 @@ _LAZY = {
     "QuantSpec": ".importer.quantize",
 }
 
-from ._moved import install as _install_moved  # noqa: E402
-
-_install_moved()
-# Not lazy: the function must win over the old module path ``tvm_probe.compare`` (now
-# ``tvm_probe.comparison``), which Python binds on the package when it is first imported.
-from . import compare as _old_compare_path  # noqa: E402,F401
-from .comparison.verdict import compare  # noqa: E402
-
 __all__ = [
-    *_LAZY, "compare", "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
+    *_LAZY, "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
     "NotCapturedError", "ValueUnavailableError", "DumpError", "DumpExistsError", "CorruptDumpError",
     "TVMBehaviourChanged", "InternalError", "TVMError", "TVMCompileError", "TVMRunError", "__version__",

@@ -113,7 +113,7 @@ def test_output_weights_and_verify_keys(tmp_path):
 
 
 def test_reference_tvm_none_and_a_tvm_build_with_its_spec(tmp_path):
-    from tvm_probe.investigate import chosen_reference
+    from tvm_probe.app.investigate import chosen_reference
     from tvm_probe.probe.tvm_reference import TVMBuildReference
 
     def reference(text):

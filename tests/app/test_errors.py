@@ -121,5 +121,6 @@ def test_cli_bad_input_exits_2_without_traceback(tmp_path):
     proc = run_cli("get", tmp_path / "nope", "x", quiet=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"tvm-probe: error: dump folder '{tmp_path / 'nope'}' does not exist: " \
-                                  "give the folder written by probe.dump()"
+                                  "give the dump folder tvm-probe run wrote (output.dump; tvm_probe_out/MODEL/dump " \
+                                  "for a model file) or one TVM's debug executor wrote"
     assert "Traceback" not in proc.stderr

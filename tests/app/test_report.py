@@ -6,19 +6,23 @@ first divergent op red).  A failing comparison is made by shifting one reference
 """
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tvm_probe import report
+from tvm_probe.show import report
 from tvm_probe.show import graph as show_graph
-from tvm_probe.comparison.verdict import compare
+from tvm_probe.comparison.verdict import Comparison, compare, compare_arrays
 from tvm_probe.core.errors import ProbeError
+from tvm_probe.core.tolerance import Tolerance
+from tvm_probe.show.plots import ERROR_AXIS, error_plot
 
 HAS_DOT = shutil.which("dot") is not None
 KNOWN_NAME = "layer_._0/attention/self/Softmax"  # a suffix of a source name in the demo BERT
@@ -144,7 +148,7 @@ def test_html_is_self_contained_and_well_formed(bert_probe, passing, tmp_path):
     rest = re.sub(r'xmlns(:\w+)?="https?://[^"]*"', "", text)
     assert "http://" not in rest and "https://" not in rest
     assert not re.search(r"<(script|link|img|iframe)\b", text)
-    assert 'aria-label="max abs error per compared value"' in text
+    assert 'aria-label="error over tolerance per compared value"' in text
     assert 'aria-label="time per kernel call"' in text
     # both plots, the graph (Graphviz's, or drawn by tvm_probe without it) and the columns that show it
     assert checker.counts["svg"] >= 4 and 'id="kernel-graph-body"' in text
@@ -166,7 +170,8 @@ def test_failing_comparison_marks_first_divergent(bert_probe, failing, tmp_path)
     marked = re.search(r'<code id="first-divergent">(.*?)</code>', text)
     assert marked and marked.group(1).replace("<wbr>", "") == first.name
     symbol = bert_probe.node_infos[node].symbol
-    assert '<g class="first-divergent">' in text and f"graph node {node}: {symbol}#" in text
+    plain = text.replace("<wbr>", "")  # where a long name may wrap
+    assert '<g class="first-divergent">' in text and f"graph node {node}: {symbol}#" in plain
 
 
 def test_dot_parses_and_shortens_names(bert_probe, passing):
@@ -241,3 +246,98 @@ def test_bad_formats_and_folders(bert_probe, tmp_path):
     with pytest.raises(ProbeError, match="cannot write report"):
         report.write_report(blocker, bert_probe, formats=("csv",))
     assert blocker.read_text() == "x"
+
+
+# -- the error plot draws what the verdict judges (issue 54) ------------------------------------------
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def error_points(text: str) -> tuple[float, list[tuple[bool, float, str]]]:
+    """The error plot of a page (or the plot alone): its line's y, and each point's (passed, y, title)."""
+    svg = ET.fromstring(re.search(r'<svg class="plot error-plot".*?</svg>', text, re.S).group(0))
+    (line,) = svg.findall(f".//{SVG}g[@class='tolerance']/{SVG}line")
+    assert line.get("y1") == line.get("y2")
+    (axis,) = [t.text for t in svg.iter(f"{SVG}text") if "y" in t.get("class", "").split()]
+    assert axis == ERROR_AXIS == "max |tvm − ref| / (atol + rtol·|ref|)"
+    points = [("passed" in c.get("class").split(), float(c.get("cy")), c.find(f"{SVG}title").text)
+              for c in svg.iter(f"{SVG}circle")]
+    return float(line.get("y1")), points
+
+
+def plotted(bert_probe, comparison, tmp_path) -> tuple[str, float, list]:
+    """The report page of ``comparison``, its error plot's line and points (one per value compared)."""
+    text = report.write_report(tmp_path, bert_probe, comparison, formats="html")["html"].read_text(encoding="utf-8")
+    check_html(text)
+    line, points = error_points(text)
+    assert [p for p, _, _ in points] == [v.passed for v in comparison.values]
+    return text, line, points
+
+
+def caption(text: str) -> str:
+    return re.search(r'<p class="note caption" id="error-plot-caption">(.*?)</p>', text, re.S).group(1)
+
+
+def test_the_error_plot_of_a_pass_has_no_point_above_its_line(bert_probe, passing, tmp_path):
+    assert passing and all(v.over_tolerance <= 1 for v in passing.values)
+    text, line, points = plotted(bert_probe, passing, tmp_path)
+    assert points and all(y >= line for _, y, _ in points)
+    assert "Points above the line at 1 fail" in caption(text) and "per-pattern" not in caption(text)
+
+
+def test_an_error_within_rtol_but_past_atol_plots_below_the_line(bert_probe, bert_reference, tmp_path):
+    """The reported bug: every float reference 0.04% off — past float32's atol 1e-4 wherever |ref|
+    > 0.25, well within atol + rtol |ref| (rtol 1e-3) — passes, and the plot said otherwise."""
+    scaled = {k: v * np.asarray(1 + 4e-4, v.dtype) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v
+              for k, v in bert_reference.items()}
+    comparison = compare(bert_probe, scaled)
+    assert comparison, comparison.verdict()
+    past_atol = [i for i, v in enumerate(comparison.values) if v.max_abs > Tolerance(1e-4, 1e-3).atol]
+    assert len(past_atol) > len(comparison.values) / 2
+    _, line, points = plotted(bert_probe, comparison, tmp_path)
+    assert all(y > line for _, y, _ in points)  # every one below the line, none on it
+    assert all(0.2 < comparison.values[i].over_tolerance < 0.5 for i in past_atol)
+
+
+def test_a_tight_tolerance_that_fails_plots_the_failures_above_the_line(bert_probe, bert_reference, failing, tmp_path):
+    tight = compare(bert_probe, bert_reference, atol=1e-9, rtol=0.0)
+    assert not tight and tight.failed
+    for comparison, folder in ((tight, tmp_path / "tight"), (failing, tmp_path / "shifted")):
+        _, line, points = plotted(bert_probe, comparison, folder)
+        above = [y for passed, y, _ in points if not passed]
+        assert above and all(y <= line - 2 for y in above) and all(y >= line for passed, y, _ in points if passed)
+        assert all(v.over_tolerance > 1 for v in comparison.failed)
+    exact = compare(bert_probe, bert_reference, atol=0.0, rtol=0.0)  # no allowance: differing values on the inf row
+    text, line, points = plotted(bert_probe, exact, tmp_path / "exact")
+    assert "top row, marked inf" in caption(text)
+    infinite = {y for (passed, y, _), v in zip(points, exact.values) if v.over_tolerance == math.inf}
+    assert len(infinite) == 1 and min(y for _, y, _ in points) == infinite.pop() < line
+
+
+def test_a_value_just_past_its_allowance_is_drawn_clearly_above_the_line():
+    """Failing by one ulp (a ratio of 1 + 2**-52) and passing exactly at the bound: a log axis puts
+    both on the line; the failure is drawn a few pixels above it, the pass on it."""
+    ref, tol = np.array([0.0, -2.0]), Tolerance(1.0, 0.5)  # allowances 1 and 2, held exactly
+    at_bound = compare_arrays("at", "at bound", "captured", np.array([1.0, -4.0]), ref, tol)
+    past = compare_arrays("past", "one ulp past", "captured", np.array([np.nextafter(1.0, 2.0), -4.0]), ref, tol)
+    assert at_bound.passed and at_bound.over_tolerance == 1.0
+    assert not past.passed and past.over_tolerance == 1 + 2**-52
+    comparison = Comparison(tolerance_rule="default tolerance by dtype (float64 atol 1e-07, rtol 1e-06); "
+                                           "per-pattern tolerances where configured")
+    comparison.add_all([at_bound, past])
+    line, points = error_points(error_plot(comparison))
+    (passed, y_pass, _), (failed, y_fail, tip) = points
+    assert passed and not failed and y_pass == line and y_fail <= line - 2 and "FAILED" in tip
+
+
+def test_the_caption_says_where_per_pattern_tolerances_apply(bert_probe, bert_reference, tmp_path):
+    """A config's per-pattern tolerance (a looser one for the Softmax values): the caption says
+    some values are held to their pattern's tolerance, and the plot judges each by its own."""
+    loose = Tolerance(1e-2, 1e-1)
+    comparison = compare(bert_probe, bert_reference, atol=1e-9, rtol=0.0,
+                         tolerance_for=lambda names: loose if any("Softmax" in n for n in names) else None)
+    assert comparison.tolerance_rule.endswith("per-pattern tolerances where configured")
+    softmax = [v for v in comparison.values if v.tolerance == str(loose)]
+    assert softmax and all(v.passed and v.over_tolerance <= 1 for v in softmax)
+    text, line, points = plotted(bert_probe, comparison, tmp_path)
+    assert "Per-pattern tolerances apply where configured" in caption(text)
+    assert all(y >= line for (_, y, _), v in zip(points, comparison.values) if v.tolerance == str(loose))

@@ -5,8 +5,9 @@ The states are made as a user makes them: ``tvm-probe run configs/demo.yaml`` (a
 and ``tvm-probe compare`` on its dump with tolerance 0 (every float value then fails on rounding
 noise: a failing one).  What is asserted is measured in the page:
 its height, where the verdict and TVM's warnings sit, that no word of a table is broken across
-lines, that the tolerance line lies inside the error plot's axes, that every plot labels its
-axes, that the graph has its legend and fits the page's width.
+lines, that the tolerance line lies inside the error plot's axes with the failed values above
+it and the passed ones not, that every plot labels its axes, that the graph has its legend and
+fits the page's width.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ MEASURE = """(() => {
   const plots = [...document.querySelectorAll('svg.plot')].map(svg => ({
     cls: svg.getAttribute('class'), box: rect(svg), axes: rect(svg.querySelector('rect.axes')),
     labels: [...svg.querySelectorAll('text.axis-label')].map(t => [t.textContent, ...rect(t)]),
-    tolerance: [...svg.querySelectorAll('g.tolerance line')].map(rect)}));
+    tolerance: [...svg.querySelectorAll('g.tolerance line')].map(rect),
+    points: [...svg.querySelectorAll('circle.value')].map(c => [c.classList.contains('failed'), ...rect(c)])}));
   const graph = document.getElementById('kernel-graph');
   return {
     height: document.documentElement.scrollHeight,
@@ -112,6 +114,11 @@ def _check_common(m: dict, folder: Path) -> None:
     assert error["tolerance"], "the error plot draws no tolerance line"
     for _, top, _, bottom in error["tolerance"]:  # inside the axes, not cut off at their edge
         assert error["axes"][1] - 0.5 <= top and bottom <= error["axes"][3] + 0.5
+    # one line (at 1: the error over its allowance); failed values above it, passed ones on or below it
+    (line,) = error["tolerance"]
+    middle = (line[1] + line[3]) / 2
+    assert error["points"] and all((top + bottom) / 2 <= middle - 2 if failed else (top + bottom) / 2 >= middle - 0.5
+                                   for failed, _, top, _, bottom in error["points"])
     legend = {text: colour for colour, text, *_ in m["legend"]}
     assert {status: legend.get(status) for status in FILL} == {s: _rgb(c) for s, c in FILL.items()}
     assert all(right - left > 5 and bottom - top > 5 for *_, left, top, right, bottom in m["legend"])
@@ -130,8 +137,7 @@ def test_a_failing_report_says_what_failed_first(reports):
     assert m["failed"] is not None and m["verdict"][3] <= m["failed"][1]  # what failed, right after the verdict
     assert m["height"] < 3200, m["height"]  # was 18,675 px
     (error,) = [p for p in m["plots"] if "error-plot" in p["cls"]]
-    # tolerance 0: its line is the plot's bottom row (exact), still inside the axes
-    assert abs(error["tolerance"][0][3] - error["axes"][3]) < 40
+    assert any(failed for failed, *_ in error["points"])  # tolerance 0: the values that differ, above the line
 
 
 @pytest.mark.slow
@@ -140,6 +146,8 @@ def test_a_passing_report_is_one_short_page(reports):
     m = _open(reports["passing"], "report-passing")
     _check_common(m, reports["passing"])
     assert m["failed"] is None
+    (error,) = [p for p in m["plots"] if "error-plot" in p["cls"]]
+    assert not any(failed for failed, *_ in error["points"])
     assert m["height"] < 2600, m["height"]
 
 

@@ -32,8 +32,9 @@ from support.tvm_bugs import BUGS
 
 from tvm_probe import Probe, load_dump
 from tvm_probe.app.cli import main
+from tvm_probe.core.install import install_hint
 
-me = pytest.importorskip("model_explorer", reason='the view extra is not installed: pip install "tvm_probe[view]"')
+me = pytest.importorskip("model_explorer", reason=f"the view extra is not installed: {install_hint('view')}")
 
 BUG = BUGS["relu_nan"]
 DIVERGENT = BUG.nodes[0]          # "bug/relu": where TVM's arithmetic goes wrong
@@ -154,7 +155,7 @@ def test_without_the_extra_one_line_says_what_to_install(bug_dump, monkeypatch, 
     monkeypatch.setitem(sys.modules, "model_explorer", None)  # as if not installed
     assert main(["-q", "view", str(bug_dump), "--no-browser"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and 'pip install "tvm_probe[view]"' in err
+    assert err.count("\n") == 1 and install_hint("view") in err
 
 
 def test_a_port_in_use_is_a_one_line_error(bug_dump, capsys):
@@ -352,7 +353,7 @@ def test_the_report_draws_its_graph_without_graphviz(bug_dump, tmp_path):
 # ------------------------------------------------------------------------------ the layout alone
 def test_the_own_layout_keeps_200_kernels_apart():
     """A 200-kernel graph with branches and long skips: no two boxes overlap, every edge joins boxes."""
-    from tvm_probe import report
+    from tvm_probe.show import report
     from tvm_probe.core.results import NodeInfo, Results
     from tvm_probe.core.sources import Served, Serving, SourceMap, SourceValue
 

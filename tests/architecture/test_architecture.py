@@ -80,8 +80,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 # -- the floors: read from docs/architecture.md, the one place they are written ---------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-#: modules beside the floors: the package's lazy facade, the old import paths, ``python -m``
-FACADE = {"tvm_probe", "tvm_probe._moved", "tvm_probe.__main__"}
+#: modules beside the floors: the package's lazy facade, ``python -m``
+FACADE = {"tvm_probe", "tvm_probe.__main__"}
 
 
 def floors() -> list[str]:

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 from support.campaign_torch import eager_values  # noqa: E402
 from tvm_probe import Probe  # noqa: E402
-from tvm_probe.schema import PIPELINES  # noqa: E402
-from tvm_probe.sources import Served  # noqa: E402
+from tvm_probe.core.schema import PIPELINES  # noqa: E402
+from tvm_probe.core.sources import Served  # noqa: E402
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)

@@ -1,5 +1,5 @@
-"""Runs that observe only the kernels they need (tvm_probe.kernel_hook), and a user's own
-instrument (tvm_probe.instrument): both checked against what TVM's instrument captures."""
+"""Runs that observe only the kernels they need (tvm_probe.capture.kernel_hook), and a user's own
+instrument (tvm_probe.capture.instrument): both checked against what TVM's instrument captures."""
 from __future__ import annotations
 
 import random

@@ -248,7 +248,7 @@ def test_a_vm_can_be_instrumented_by_the_registered_factory(fused_bert_probe, be
     the session's own."""
     import tvm
 
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     probe = fused_bert_probe
     site = next(s for s in probe.kernel_map.sites if not s.is_view)

@@ -1,4 +1,4 @@
-"""Native kernel hooks (tvm_probe/native, tvm_probe/kernel_hook.py): runs after a probe's first
+"""Native kernel hooks (tvm_probe/capture/native, tvm_probe/capture/kernel_hook.py): runs after a probe's first
 one go through a VM whose observed kernels are C++ wrappers reporting to the native capture
 session, with no TVM instrument.  Checked against what TVM's instrument captured, value by value
 and time by time, and against the ways such a run can go wrong."""

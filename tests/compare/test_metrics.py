@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_probe.compare import compare_arrays, compare_many
+from tvm_probe.comparison import compare_arrays, compare_many
+from tvm_probe.comparison.verdict import _compare_one, measure_laid
 from tvm_probe.core.metrics import EMPTY, ErrorStats, cosine_snr, cosine_snr_many, error_stats, worst
+from tvm_probe.core.tolerance import Tolerance, within
 
 nan, inf = math.nan, math.inf
 
@@ -211,7 +213,7 @@ def test_split_max_difference_does_not_depend_on_the_order_of_the_outputs(lost):
     """tvm-probe split's max difference over the outputs: the same NaN in both runs agrees, a NaN
     the chained stages alone give is inf — whichever output comes first (np.max's NaN fed to
     Python's max once made it NaN one way round and 0.5 the other)."""
-    from tvm_probe.investigate import _chained_outcome
+    from tvm_probe.app.investigate import _chained_outcome
 
     whole = {"a": np.array([1.0, nan], np.float32), "b": np.array([1.0, 2.0], np.float32)}
     chained = {"a": np.array([1.0, nan], np.float32), "b": np.array([1.5, 2.0], np.float32)}
@@ -224,8 +226,8 @@ def test_split_max_difference_does_not_depend_on_the_order_of_the_outputs(lost):
 
 
 def test_precision_output_errors_follow_the_rule():
-    from tvm_probe.precision.search import check_outputs
-    from tvm_probe.tolerance import Tolerance
+    from tvm_probe.tools.precision.search import check_outputs
+    from tvm_probe.core.tolerance import Tolerance
 
     ref = {"same": np.array([nan, inf, 1.0]), "new_nan": np.array([1.0, 2.0]), "close": np.array([1.0, 2.0]),
            "shape": np.zeros(3), "empty": np.zeros(0)}
@@ -238,7 +240,7 @@ def test_precision_output_errors_follow_the_rule():
 
 
 def test_precision_op_error_keeps_its_one_sided_counts():
-    from tvm_probe.precision.analysis import error_stats as op_error
+    from tvm_probe.tools.precision.analysis import error_stats as op_error
 
     # an inf and a NaN the reduced op creates, one finite where fp32 overflowed (not its doing), a 0
     low = np.array([inf, nan, 5.0, 0.0, 2.5, 4.0])
@@ -250,8 +252,8 @@ def test_precision_op_error_keeps_its_one_sided_counts():
 
 
 def test_reduce_divergence_max_abs_counts_only_the_failing_finite_elements():
-    from tvm_probe.reduce import find_divergence
-    from tvm_probe.tolerance import Tolerance
+    from tvm_probe.tools.reduce import find_divergence
+    from tvm_probe.core.tolerance import Tolerance
 
     value = SimpleNamespace(key="t", node="n", op_type="Relu")
     got = np.array([nan, 1.0, 10.0, 3.0, inf], np.float32)
@@ -269,3 +271,95 @@ def test_the_smallest_int64_equals_itself_under_a_tolerance():
 
     low = np.array([np.iinfo(np.int64).min, 3], dtype=np.int64)
     assert within(low, low.copy(), Tolerance(atol=1e-5, rtol=1e-3)).all()
+
+
+# -- the error over its allowance (issue 54: what the report's error plot draws) ----------------------
+TOLERANCES = [Tolerance(0.0, 0.0), Tolerance(1e-4, 1e-3), Tolerance(0.0, 1e-3), Tolerance(1e-4, 0.0),
+              Tolerance(5e-3, 5e-3), Tolerance(1e-300, 1e-16), Tolerance(2.0, 3.0)]
+
+
+@st.composite
+def judged(draw):
+    """(got, ref, tol): a float value (float16/32/64) whose error sits anywhere around its allowance,
+    often right at ``atol + rtol |ref|`` (rtol-dominant: a large |ref| and a small atol), with
+    NaN/Inf sprinkled on either side or both, sometimes equal elements or an empty value."""
+    dtype = draw(st.sampled_from(["float16", "float32", "float64"]))
+    tol = draw(st.sampled_from(TOLERANCES))
+    n = draw(st.integers(0, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    ref = rng.normal(size=n) * draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    scale = draw(st.sampled_from([0.0, 0.5, 0.999, 1.0, 1.001, 2.0, 1e3]))  # the error over its allowance
+    got = ref + rng.choice([-1.0, 1.0], size=n) * scale * (tol.atol + tol.rtol * np.abs(ref))
+    for _ in range(draw(st.integers(0, 3)) if n else 0):
+        value, i = draw(st.sampled_from(SPECIAL)), rng.integers(0, n)
+        for a in {"got": [got], "ref": [ref], "both": [got, ref]}[draw(st.sampled_from(["got", "ref", "both"]))]:
+            a[i] = value
+    with np.errstate(over="ignore"):
+        return got.astype(dtype), ref.astype(dtype), tol
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.lists(judged(), min_size=1, max_size=6))
+def test_over_tolerance_is_at_most_one_exactly_when_the_value_passes(cases):
+    """over_tolerance = max |tvm - ref| / (atol + rtol |ref|): the same float from the batched pass
+    (compare_many, measure_laid) and the value alone (_compare_one, for any dtype, NaN/Inf
+    included), and on the side of 1 the verdict says."""
+    entries = [(f"k{i}", f"n{i}", "captured", g, r, tol) for i, (g, r, tol) in enumerate(cases)]
+    for (_, _, _, got, ref, tol), together in zip(entries, compare_many(entries)):
+        alone = _compare_one("k", "n", "captured", got, ref, tol)
+        assert together.passed == alone.passed == bool(within(got, ref, tol).all())
+        assert together.over_tolerance == alone.over_tolerance, (together, alone, got, ref, tol)
+        assert (together.over_tolerance <= 1) == together.passed, (together, got, ref, tol)
+        s = error_stats(got, ref)
+        if s.mismatches:
+            assert together.over_tolerance == inf
+        elif not s.finite_max_abs:
+            assert together.over_tolerance == 0.0  # equal (NaN/Inf agreeing): no error at all
+
+
+def test_over_tolerance_by_hand():
+    tol = Tolerance(1e-4, 1e-3)  # float32's default
+    ref = np.array([10.0, -1.0, 0.0], np.float32)
+    # 5e-3 at |ref| 10: fifty times atol, yet half the allowance 1e-4 + 1e-2 (rtol-dominant: it passes)
+    value = compare_arrays("k", "n", "captured", ref + np.array([5e-3, 0, 0], np.float32), ref)
+    assert value.passed and value.max_abs > tol.atol
+    assert value.over_tolerance == pytest.approx(5e-3 / (1e-4 + 1e-3 * 10), rel=1e-4)
+    failing = compare_arrays("k", "n", "captured", ref + np.array([0, 0, 2e-4], np.float32), ref)
+    assert not failing.passed and failing.over_tolerance == pytest.approx(2.0, rel=1e-4)
+    exact = compare_arrays("k", "n", "captured", np.array([1, 2]), np.array([1, 3]))
+    assert not exact.passed and exact.over_tolerance == inf  # no allowance at all
+    assert compare_arrays("k", "n", "captured", np.array([1, 2]), np.array([1, 2])).over_tolerance == 0.0
+    assert compare_arrays("k", "n", "captured", np.zeros(2), np.zeros(3)).over_tolerance == inf  # shapes
+    nan_both = compare_arrays("k", "n", "captured", np.array([nan, inf, 1.0]), np.array([nan, inf, 1.0]))
+    assert nan_both.passed and nan_both.over_tolerance == 0.0
+    nan_one = compare_arrays("k", "n", "captured", np.array([nan, 1.0]), np.array([1.0, 1.0]))
+    assert not nan_one.passed and nan_one.over_tolerance == inf
+
+
+def test_int64_past_two_to_the_53_that_differs_is_above_one():
+    """Compared exactly, 2**60 + 1 is not 2**60; in float64 their difference is 0.  The ratio must
+    still say it fails."""
+    big = np.array([2**60 + 1, 5], np.int64)
+    value = compare_arrays("k", "n", "captured", big, big - [1, 0])
+    assert not value.passed and value.max_abs == 0.0 and value.over_tolerance > 1
+    assert compare_arrays("k", "n", "captured", big, big.copy()).over_tolerance == 0.0
+
+
+def test_over_tolerance_at_the_boundary_element_by_element():
+    """300,000 single-element values laid end to end (measure_laid, as a generation compare lays
+    them), their errors within a few ulps of atol + rtol |ref| either side: each passes exactly
+    when its ratio is at most 1, and a failing one is at least the float after 1."""
+    rng = np.random.default_rng(54)
+    n, kinds = 300_000, 1000
+    tolerances = [Tolerance(float(10.0 ** rng.integers(-8, -2)), float(10.0 ** rng.integers(-6, -1)))
+                  for _ in range(kinds)] * (n // kinds)
+    atol, rtol = (np.array([getattr(t, f) for t in tolerances[:kinds]] * (n // kinds)) for f in ("atol", "rtol"))
+    ref = rng.normal(size=n) * 10.0 ** rng.integers(-6, 6, size=n)
+    bound = atol + rtol * np.abs(ref)
+    got = ref + np.sign(rng.normal(size=n)) * bound * (1 + rng.integers(-4, 5, size=n) * 2.0**-52)
+    figures = measure_laid([got], [ref], np.ones(n, np.int64), tolerances)
+    passed, over = np.array(figures.passed), np.array(figures.over_tolerance)
+    np.testing.assert_array_equal(passed, np.abs(got - ref) <= bound)  # (the rule, element by element)
+    assert 0.3 < passed.mean() < 0.9
+    np.testing.assert_array_equal(passed, over <= 1)
+    assert over[~passed].min() >= 1 + 2.0**-52

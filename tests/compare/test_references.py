@@ -98,7 +98,7 @@ def test_another_tvm_build_is_a_registered_reference_loaded_on_first_use():
     import subprocess
     import sys
 
-    code = ("import sys, tvm_probe.reference as r; names = r.reference_names(); "
+    code = ("import sys, tvm_probe.comparison.reference as r; names = r.reference_names(); "
             "print(names[0], names[-1], 'tvm_probe.probe' in sys.modules, 'tvm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["none", "tvm", "False", "False"]  # listed before its module is loaded
@@ -125,7 +125,7 @@ def demo_fused():
 def test_a_default_build_as_reference_agrees_with_onnxruntime_and_with_a_fused_build(demo_fused):
     from tvm_probe import compare
     from tvm_probe.probe.tvm_reference import TVMBuildReference
-    from tvm_probe.tolerance import default_tolerance, within
+    from tvm_probe.core.tolerance import default_tolerance, within
 
     model, inputs, fused = demo_fused
     values = TVMBuildReference(pipeline="default").values(model, inputs)

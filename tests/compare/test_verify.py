@@ -1,7 +1,7 @@
 """verify() on every model the tests build, under both pipelines.
 
 verify() checks each served value against an independent unfused build of the same import (see
-tvm_probe/verify.py); a model where it fails means tvm_probe would serve a wrong tensor there.
+tvm_probe/probe/verify.py); a model where it fails means tvm_probe would serve a wrong tensor there.
 The fuzzer (test_fuzz_kernel_map.py), the kernel-map regressions, the dynamic-shape and TFLite
 tests run it on their own models.
 """

@@ -1,4 +1,4 @@
-"""TVM failures and warnings, named in source terms (tvm_probe/failures.py, called from build.py).
+"""TVM failures and warnings, named in source terms (tvm_probe/diagnose/failures.py, called from the build).
 
 Every case is a real model that real TVM 0.27 fails on or warns about:
 

@@ -16,11 +16,12 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from tvm_probe import Probe
-from tvm_probe.core.errors import ModelError, TVMImportError
+from tvm_probe.core.errors import InputError, ModelError
 from tvm_probe.comparison.reference.onnxruntime import onnxruntime_values
 from tvm_probe.core.schema import PIPELINES
 from tvm_probe.core.sources import Kind, Served
 from tvm_probe.core.tolerance import Tolerance, within
+from tvm_probe.importer.onnx import import_onnx
 
 TOL = Tolerance(1e-4, 1e-4)
 
@@ -107,12 +108,13 @@ def test_zero_stays_a_size_as_in_onnxruntime():
     model = paddle_like(batch=0, reshape_of_shape=False)
     with pytest.raises(ModelError, match="onnxruntime cannot run the model: .*invalid dimensions for input: x"):
         onnxruntime_values(model, {"x": _x(2, 8, 12)})  # what onnxruntime makes of a declared 0
-    with pytest.raises(ModelError, match=r"sets dim 0 to 2, the model declares x \[0, 3, \?, \?\]"):
+    with pytest.raises(ModelError, match=r"sets dim 0 to 2; the model declares x \[0, 3, \?, \?\]: keep its fixed "
+                                         r"sizes: pass shapes=\{'x': \(0, 3, 8, 12\)\}"):
         Probe.from_onnx(model, shapes={"x": [2, 3, 8, 12]})
 
 
 def test_a_declared_dim_is_still_checked():
-    with pytest.raises(ModelError, match=r"shapes\['x'\] = \[1, 4, 48, 192\] sets dim 1 to 4, the model declares "
+    with pytest.raises(ModelError, match=r"input 'x', \[1, 4, 48, 192\], sets dim 1 to 4; the model declares "
                                          r"x \[\?, 3, \?, \?\]"):
         Probe.from_onnx(paddle_like(), shapes={"x": [1, 4, 48, 192]})
 
@@ -128,10 +130,26 @@ def test_without_shapes_each_unknown_dim_is_a_size_of_its_own(pipeline):
         _check_against_onnxruntime(probe, model, x)
 
 
-def test_without_shapes_tvm_fails_on_the_reshape_of_a_shape_with_the_shapes_hint():
-    with pytest.raises(TVMImportError) as err:
-        Probe.from_onnx(paddle_like())
-    message = str(err.value)
-    assert "\n" not in message and "node 'Reshape@0' (op Reshape)" in message
-    assert message.endswith("pass shapes={'x': (?, 3, ?, ?)} with a number for each ? to fold it before TVM "
-                            "sees the model")
+def test_without_shapes_what_tvm_cannot_follow_is_pinned_to_1_and_said(caplog):
+    """TVM's importer loses the unknown dims in the Reshape of a Shape: they are pinned (1 each), the
+    model folded static, a warning names each choice, and a run of other sizes says how to get them."""
+    model = paddle_like()
+    with caplog.at_level("WARNING", logger="tvm_probe"):
+        probe = Probe.from_onnx(model)
+    assert probe.inputs[0].shape == (1, 3, 1, 1) and probe.inputs[0].pinned == (0, 2, 3)
+    assert [r.getMessage() for r in caplog.records] == [
+        "x: dimension 0 (?) set to 1, dimension 2 (?) set to 1, dimension 3 (?) set to 1; "
+        "choose with shapes={'x': (1, 3, 1, 1)}"]
+    x = _x(1, 1, 1)
+    probe.run({"x": x})
+    _check_against_onnxruntime(probe, model, x)
+    with pytest.raises(InputError, match=r"built for \[1, 3, 1, 1\]: build it for yours, with "
+                                         r"shapes=\{'x': \(2, 3, 8, 12\)\}$"):
+        probe.run({"x": _x(2, 8, 12)})
+
+
+def test_a_dimension_tvm_cannot_follow_takes_the_size_of_the_input_given():
+    """A config's run knows its input arrays before the import: their sizes are pinned, not 1."""
+    imported = import_onnx(paddle_like(), sizes={"x": (2, 3, 8, 12)})
+    assert [(p.name, p.shape, p.from_inputs) for p in imported.pinned] == [("x", (2, 3, 8, 12), True)]
+    assert imported.inputs[0].shape == (2, 3, 8, 12)

@@ -119,14 +119,16 @@ def test_a_symbolic_model_without_shapes_is_imported_with_its_symbolic_dimension
 
 
 @pytest.mark.parametrize("shapes, message", [
-    ({"ids": (2, 8)}, "shapes= names 'ids', which the model does not take: its inputs are 'input_ids', "
-                      "'attention_mask'"),
-    ({"input_ids": (2, 8, 1)}, "shapes['input_ids'] = [2, 8, 1] has 3 dims, the model declares input_ids "
-                               "[batch, seq] (2 dims)"),
+    ({"ids": (2, 8)}, "shapes names 'ids', which the model does not take (its inputs are 'input_ids', "
+                      "'attention_mask'): name inputs of the model in shapes="),
+    ({"input_ids": (2, 8, 1)}, "the shape given for input 'input_ids', [2, 8, 1], has 3 dims; the model declares "
+                               "input_ids [batch, seq] (2 dims): give one size per dim, e.g. pass "
+                               "shapes={'input_ids': (1, 1)}"),
     ({"input_ids": (2, 8), "attention_mask": (2, 9)},
-     "shapes= gives dimension 'seq' size 9 in 'attention_mask' but 8 in 'input_ids': the model declares "
-     "both as 'seq', give them equal sizes"),
-    ({"input_ids": "2x8"}, "shapes['input_ids'] = '2x8' is not a sequence of ints"),
+     "shapes gives dimension 'seq' size 9 in 'attention_mask' but 8 in 'input_ids', which the model declares as "
+     "one dimension: give them equal sizes: pass shapes={'attention_mask': (2, 8)}"),
+    ({"input_ids": "2x8"}, "the shape given for input 'input_ids', '2x8', is not a list of sizes: give numbers, "
+                           "e.g. pass shapes={'input_ids': (1, 1)}"),
 ])
 def test_shapes_that_do_not_fit_the_model_are_one_line_errors(exported, shapes, message):
     path, _, _ = exported("bert_legacy")

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from support.campaign import run_case  # noqa: E402
 from support.campaign_torch import torch_cases  # noqa: E402
 from tvm_probe import ModelError, Probe  # noqa: E402
-from tvm_probe.schema import PIPELINES  # noqa: E402
+from tvm_probe.core.schema import PIPELINES  # noqa: E402
 
 CASES = {c.name.removeprefix("torch/inplace_input_"): c for c in torch_cases() if c.cls == "in-place on input"}
 REPORTED = ("add_", "relu6_", "fill_", "index_put_", "copy_")  # the ops of the report

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 torch = pytest.importorskip("torch")
 
 from support.campaign_torch import eager_values  # noqa: E402
 from tvm_probe.importer.torch import export_program, node_keys  # noqa: E402
 from tvm_probe import Probe, ValueUnavailableError  # noqa: E402
-from tvm_probe.sources import Served  # noqa: E402
+from tvm_probe.core.sources import Served  # noqa: E402
 
 ATOL = 1e-5
 NOT_SERVED = (Served.UNKNOWN, Served.UNAVAILABLE)

@@ -16,7 +16,6 @@ The fix itself is checked on its minimal graph against onnxruntime.
 """
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
@@ -184,22 +183,20 @@ def test_legacy_export_with_shapes_pinning_the_past_equals_onnxruntime(legacy_ex
 
 
 @pytest.mark.slow
-def test_dynamo_export_with_a_dynamic_past_is_one_line_naming_the_node_and_shapes(dynamo_export):
-    with pytest.raises(ModelError) as info:
-        Probe.from_onnx(dynamo_export)
-    message = str(info.value)
-    assert "\n" not in message
-    assert re.match(r"TVM's ONNX importer lost the shape of '\w+' \(node '\w+', op Add\): R\.add of .* gives "
-                    r"R\.Tensor\(ndim=4\), which TVM 0\.27 cannot build; ", message), message
-    # the dynamo exporter names each past length on its own (s15, s89, ...): one number per name
-    hint = re.search(r"pass shapes=(\{.*\}) with numbers for ([\w, ]+) to fold it", message)
-    assert hint, message
-    assert re.fullmatch(r"\{'k0': \(1, 2, \w+, 16\), 'v0': \(1, 2, \w+, 16\), 'k1': \(1, 2, \w+, 16\), "
-                        r"'v1': \(1, 2, \w+, 16\)\}", hint.group(1))
+def test_dynamo_export_with_a_dynamic_past_is_pinned_and_equals_onnxruntime(dynamo_export, caplog):
+    """TVM's importer loses the dynamic past of the dynamo export (an attention mask broadcast
+    against scores of unknown length): without shapes= each past length is pinned to 1, each
+    choice said, and the pinned build equals onnxruntime at those sizes."""
+    with caplog.at_level("WARNING", logger="tvm_probe"):
+        probe = Probe.from_onnx(dynamo_export)
+    assert sorted(p.name for p in probe.imported.pinned) == sorted(CACHE)  # k1 shares v0's length: said too
+    assert all(p.shape == (1, 2, 1, 16) and not p.from_inputs for p in probe.imported.pinned)
+    assert len(caplog.records) == len(CACHE) and all("set to 1" in r.getMessage() for r in caplog.records)
+    assert _mismatches(probe, dynamo_export, _feeds(1)) == set()
 
 
 @pytest.mark.slow
-def test_dynamo_export_with_the_shapes_the_error_names_equals_onnxruntime(dynamo_export):
+def test_dynamo_export_with_shapes_pinning_the_past_equals_onnxruntime(dynamo_export):
     probe = Probe.from_onnx(dynamo_export, shapes=_shapes(5))
     assert _mismatches(probe, dynamo_export, _feeds(5)) == set()
 

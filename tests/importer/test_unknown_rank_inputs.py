@@ -13,7 +13,7 @@ import pytest
 from support.campaign import onnx_plain, run_case
 from support.campaign_onnx import extra_cases
 from tvm_probe import InputError, ModelError, Probe, TVMCompileError
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 CASES = {c.name.rsplit("/", 1)[1]: c for c in extra_cases() if c.cls == "unknown rank"}
 

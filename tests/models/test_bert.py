@@ -190,7 +190,7 @@ def test_a_run_that_will_recompute_builds_the_cuts_alongside_itself(bert_model, 
 
 def test_a_cut_build_that_fails_alongside_the_run_is_reported_on_read(bert_model, bert_inputs, bert_reference,
                                                                       monkeypatch):
-    from tvm_probe import recompute
+    from tvm_probe.capture import recompute
     from tvm_probe.core.errors import ProbeError
 
     def failing(groups, target):

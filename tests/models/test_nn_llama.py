@@ -19,7 +19,7 @@ CONFIG = LlamaConfig()
 
 
 def native_available() -> bool:
-    from tvm_probe import native
+    from tvm_probe.capture import native
 
     try:
         native.load()

@@ -17,7 +17,7 @@ import pytest
 from support.campaign import run_case
 from support.campaign_onnx import onnx_cases
 from support.campaign_torch import torch_cases
-from tvm_probe.schema import PIPELINES
+from tvm_probe.core.schema import PIPELINES
 
 SEED = 36
 # by case name: what fails today, and why

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tvm_probe.core.install import install_hint
 from tvm_probe.core.schema import PIPELINES
 
-pytest.importorskip("tflite", reason="TVM's TFLite importer needs the 'tflite' package: "
-                                     "pip install 'tvm_probe[tflite]'")
+pytest.importorskip("tflite", reason=f"TVM's TFLite importer needs the 'tflite' package: {install_hint('tflite')}")
 
 from tvm_probe import (AmbiguousNameError, InputError, ModelError, Probe,  # noqa: E402
                        UnsupportedOpError, load_dump)
@@ -46,7 +46,7 @@ def _installed(module: str) -> bool:
 
 HAS_INTERPRETER = any(_installed(m) for m in ("ai_edge_litert", "tflite_runtime", "tensorflow"))
 needs_interpreter = pytest.mark.skipif(
-    not HAS_INTERPRETER, reason="no TFLite interpreter installed (pip install 'tvm_probe[tflite]'); "
+    not HAS_INTERPRETER, reason=f"no TFLite interpreter installed ({install_hint('tflite')}); "
                                 "the onnxruntime comparisons of the tf2onnx models still run")
 
 
@@ -367,22 +367,22 @@ def test_missing_packages_are_one_line_model_errors():
         f"try:\n    import_tflite({str(_path('cnn'))!r})\n"
         "except ModelError as err:\n    print(err)\n")
     assert no_tflite.stdout.strip() == ("TVM's TFLite importer needs the 'tflite' package: "
-                                        "pip install 'tvm_probe[tflite]'"), no_tflite.stderr
+                                        + install_hint("tflite")), no_tflite.stderr
     no_interpreter = run_python(
         "import sys\n"
         "for m in ('ai_edge_litert', 'ai_edge_litert.interpreter', 'tflite_runtime', "
         "'tflite_runtime.interpreter', 'tensorflow'):\n    sys.modules[m] = None\n"
-        "from tvm_probe.reference.tflite import tflite_values\n"
+        "from tvm_probe.comparison.reference.tflite import tflite_values\n"
         "from tvm_probe import ModelError\n"
         f"try:\n    tflite_values({str(_path('cnn'))!r}, {{}})\n"
         "except ModelError as err:\n    print(err)\n")
     assert no_interpreter.stdout.strip() == (
-        "no TFLite interpreter is installed: pip install 'tvm_probe[tflite]' "
+        f"no TFLite interpreter is installed: {install_hint('tflite')} "
         "(ai-edge-litert; tflite-runtime or tensorflow work too)"), no_interpreter.stderr
 
 
 def test_importing_tvm_probe_does_not_import_tflite_or_an_interpreter():
-    result = run_python("import sys, tvm_probe, tvm_probe.importer.tflite, tvm_probe.reference.tflite\n"
+    result = run_python("import sys, tvm_probe, tvm_probe.importer.tflite, tvm_probe.comparison.reference.tflite\n"
                      "print(sorted(m for m in ('tflite', 'ai_edge_litert', 'tflite_runtime', 'tensorflow', 'tvm')"
                      " if m in sys.modules))")
     assert result.stdout.strip() == "[]", result.stderr

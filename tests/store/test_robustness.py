@@ -211,7 +211,7 @@ def test_a_ctrl_c_after_the_work_is_done_changes_nothing():
     """A Ctrl-C while the interpreter shuts down (the result already printed) once killed the
     process with the signal (status -2, nothing said); it must leave the exit status alone."""
     script = ("import atexit, os, signal, time\n"
-              "from tvm_probe import cli\n"
+              "from tvm_probe.app import cli\n"
               "cli.main = lambda argv=None: 1\n"
               "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
               "cli.console_main()\n")

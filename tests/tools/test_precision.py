@@ -1,4 +1,4 @@
-"""Reduced precision (tvm_probe.precision): fp16 builds probed by source name, local error, and the
+"""Reduced precision (tvm_probe.tools.precision): fp16 builds probed by source name, local error, and the
 search for the ops to keep in fp32 — on models built here whose fp16 values overflow, and on the
 demo BERT, which is fine in fp16.
 

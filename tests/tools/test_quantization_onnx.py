@@ -1,4 +1,4 @@
-"""Quantization debugging of ONNX QDQ models (tvm_probe.quantization), on models quantized by onnxruntime's
+"""Quantization debugging of ONNX QDQ models (tvm_probe.tools.quantization), on models quantized by onnxruntime's
 own ``quantize_static`` as users call it (tests/support/quantized_models.py).
 
 The ground truth of "op X kept in float" is onnxruntime's quantizer run again with
@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, quantize_static
 from support import quantized_models as qm
-from tvm_probe.quantization import (
+from tvm_probe.tools.quantization import (
     QuantizationError,
     compare_quantized,
     quantized_ops,

@@ -1,6 +1,7 @@
 """The ``tvm-probe`` command line: parses arguments, calls one function, prints its result.
 
-    tvm-probe run CONFIG [--set KEY=VALUE]... [--verify]   the main job: probe, dump, compare, report
+    tvm-probe run CONFIG|MODEL_FILE [--shapes X=AxB] [--inputs F.npz] [--write-config F]   the main job:
+                                                probe, dump, compare, report (a .onnx/.tflite file needs no config)
     tvm-probe ls DUMP [PATTERN] [--op TYPE]     list source values in a dump (any of their names; by op type)
     tvm-probe get DUMP NAME [-o x.npy]          print or save one value
     tvm-probe compare DUMP                      compare a dump with the reference of its model
@@ -21,6 +22,7 @@ Global options (-q, -v) go before or after the command.  The work itself lives i
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -34,9 +36,9 @@ from ..comparison.dump import compare_dump
 from ..comparison.reference import is_no_reference
 from ..comparison.terms import recorded_terms
 from ..comparison.verdict import compare
-from ..core.errors import ProbeError, TVMError, UnknownNameError, one_line
+from ..core.errors import ProbeError, Terms, TVMError, UnknownNameError, one_line
 from ..core.native_log import native_log_to_logging, release_native
-from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, EXIT_HELP, PIPELINES, Exit
+from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, EXIT_HELP, PIPELINE_NAMES, PIPELINES, Exit
 from ..core.sources import Kind
 from ..core.tolerance import default_tolerance
 from ..importer.onnx import load_onnx
@@ -45,6 +47,8 @@ from ..show.report import write_graph, write_report
 from ..show.view import export, model_explorer, reference_comparison, view
 from ..store.dump import load_dump
 from .config import ConfigError, load_config
+from .model_file import config_for_model, write_config
+from .overrides import RUN_FLAGS, run_overrides, run_terms, shapes_flags
 from .investigate import (
     QuantizationOutcome,
     investigate,
@@ -104,10 +108,24 @@ def _parser() -> argparse.ArgumentParser:
         """A command's parser; ``tvm=False`` for those that only read a dump (no -v)."""
         return sub.add_parser(name, prog=f"tvm-probe {name}", parents=[with_tvm if tvm else reading], **kw)
 
-    run = command("run", help="run the investigation a YAML config describes (the main job)",
+    run = command("run", help="run the investigation a YAML config describes, or on a model file (the main job)",
                   description="Import and compile the model, run it once capturing intermediates, write the "
-                              "dump, compare with the reference, write the report.", epilog=EXIT_HELP)
-    _config_arguments(run)
+                              "dump, compare with the reference, write the report.  A model file (.onnx, "
+                              ".tflite) needs no config: random inputs from the model's own types, the kind's "
+                              "reference (onnxruntime, TFLite), output under ./tvm_probe_out/<model name>/.",
+                  epilog=EXIT_HELP)
+    _config_arguments(run, "a YAML config (see configs/example.yaml) or a model file (.onnx, .tflite)")
+    run.add_argument("--shapes", action="append", default=[], metavar="NAME=AxB",
+                     help="sizes for an input with unknown dimensions, e.g. --shapes input_ids=1x128 (repeat per "
+                          "input; the key model.shapes; default: as TVM imports it, else 1 or the --inputs sizes)")
+    run.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                     help="the inputs: an .npz of arrays named as the model's inputs (the key inputs; default "
+                          "for a model file: random, from each input's type)")
+    run.add_argument("--pipeline", choices=PIPELINE_NAMES, help=f"TVM pipeline (the key pipeline; default: "
+                                                                 f"{DEFAULT_PIPELINE})")
+    run.add_argument("--target", help=f"TVM target (the key target; default: {DEFAULT_TARGET})")
+    run.add_argument("--write-config", type=Path, metavar="FILE",
+                     help="with a model file: also write the YAML config this run stands for, to edit and run")
     run.add_argument("--verify", action="store_true",
                      help="also check every served value against an independent unfused build (exit 3 "
                           "if one differs: a tvm_probe problem)")
@@ -195,16 +213,26 @@ def _tolerance_arguments(parser, recorded: bool = False) -> None:
                                                    f"{f32.rtol:g} for float32)")
 
 
-def _config_arguments(parser) -> None:
-    parser.add_argument("config", type=Path, help="YAML config (see configs/example.yaml)")
+def _config_arguments(parser, what: str = "YAML config (see configs/example.yaml)") -> None:
+    parser.add_argument("config", type=Path, help=what)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set pipeline=fused --set output.overwrite=true")
 
 
 # -- commands: each calls one function and prints ------------------------------------------------
 def _cmd_run(args, progress) -> int:
-    overrides = list(args.overrides) + (["verify=true"] if args.verify else [])
-    outcome = investigate(load_config(args.config, overrides), progress)
+    overrides = run_overrides(args)
+    if args.config.suffix.lower() in (".yaml", ".yml") or args.config.is_dir():
+        if args.write_config is not None:
+            raise ConfigError("--write-config goes with a model file: a config is a file already (edit it)")
+        config = load_config(args.config, overrides)
+    else:
+        config, data = config_for_model(args.config, overrides)
+        if args.write_config is not None:
+            written = write_config(data, args.write_config, "tvm-probe " + " ".join(sys.argv[1:] or ["run"]))
+            print(f"config: {written}")
+    args.terms = run_terms(config)
+    outcome = investigate(config, progress)
     if isinstance(outcome, (GenerationOutcome, QuantizationOutcome)):  # per step / per quantized op
         for line in outcome.lines():
             print(line)
@@ -212,7 +240,7 @@ def _cmd_run(args, progress) -> int:
     probe = outcome.probe
     served = probe.sources["served"].value_counts()
     print(f"{len(probe.node_infos)} graph nodes; source values: " + ", ".join(f"{k} {v}" for k, v in served.items()))
-    for line in probe.findings():
+    for line in _build_notes(probe, outcome.report.get("html"), args.verbose):
         print(line)
     if outcome.dump:
         print(f"dump: {outcome.dump}")
@@ -226,7 +254,20 @@ def _cmd_run(args, progress) -> int:
     return outcome.exit_code
 
 
+def _build_notes(probe, page, verbose: bool) -> list[str]:
+    """The import fixes the model needed (a line each: tvm_probe changed what TVM imports) and
+    TVM's compile warnings: every one with -v, else one line saying where they are."""
+    fixes = [fix.summary() for fix in probe.import_fixes]
+    warned = probe.compile_warnings
+    if verbose or not warned:
+        return fixes + [w.summary(probe.sources_map) for w in warned]
+    where = f"see Build notes in {page}" if page is not None else "tvm-probe run -v shows them"
+    plural = "s" if len(warned) != 1 else ""
+    return fixes + [f"TVM printed {len(warned)} warning{plural} while compiling: {where}"]
+
+
 def _print_worst(comparison, n: int = 5) -> None:
+    """The ``n`` values with the largest errors, under a title that says what they are."""
     import pandas as pd
 
     table = comparison.table()
@@ -234,7 +275,12 @@ def _print_worst(comparison, n: int = 5) -> None:
     if table.empty:
         return
     worst = table.sort_values("max_abs", ascending=False, na_position="first").head(n)
+    if (worst["max_abs"].fillna(1) == 0).all():
+        title = f"no difference in any of {len(table)} compared values; the first {len(worst)}:"
+    else:
+        title = f"largest {len(worst)} errors of {len(table)} compared values:"
     with pd.option_context("display.max_colwidth", 80, "display.width", 200):
+        print(title)
         print(worst[["name", "served", "status", "max_abs", "cosine", "note"]].to_string(index=False))
 
 
@@ -372,9 +418,6 @@ def _cmd_reduce(args, progress) -> int:
 
 
 def _cmd_serve(args, progress) -> int:
-    import logging
-
-
     logging.getLogger("RPCServer").setLevel(logging.WARNING if args.quiet else logging.INFO)  # TVM's server log
     server = Server(args.host, args.port, tracker=args.tracker, key=args.key, custom_addr=args.custom_addr)
     print(f"tvm-probe serve: listening on {server.describe()} (Ctrl-C to stop)", flush=True)
@@ -485,28 +528,15 @@ def _cmd_quantization(args, progress) -> int:
     float_model = load_onnx(args.float_model)
     load_onnx(args.quantized_model)  # a missing file is said before any work
     given = _read_inputs(args.inputs, float_model) if args.inputs is not None else None
-    shapes = _shapes(args.shapes)
+    shapes = shapes_flags(args.shapes)
     inputs = model_inputs(float_model, given, shapes)
     outcome = quantization_investigation(float_model, args.quantized_model, inputs, args.output, args.target_sqnr,
                                          args.pipeline, args.target, progress, view=args.view, shapes=shapes)
+    drawn = "from " + str(args.inputs) if given is not None else "random, uniform in [-1, 1), seed 0"
+    print(f"inputs ({drawn}): " + ", ".join(f"{n} {list(a.shape)} {a.dtype}" for n, a in inputs.items()))
     for line in outcome.lines():
         print(line)
     return outcome.exit_code
-
-
-def _shapes(given: list[str]) -> dict[str, tuple[int, ...]]:
-    """``--shapes NAME=AxB`` flags as ``shapes=``."""
-    shapes = {}
-    for flag in given:
-        name, _, dims = flag.partition("=")
-        try:
-            sizes = tuple(int(d) for d in dims.split("x"))
-        except ValueError:
-            sizes = ()
-        if not name or not sizes or any(d <= 0 for d in sizes):
-            raise ConfigError(f"--shapes {flag}: give an input's name and its sizes, e.g. --shapes x=1x3x224x224")
-        shapes[name] = sizes
-    return shapes
 
 
 def _read_inputs(path: Path, model) -> dict[str, np.ndarray]:
@@ -532,17 +562,15 @@ def main(argv=None) -> int:
     """Entry point of the ``tvm-probe`` console script."""
 
     args = _parser().parse_args(argv)
-    if args.verbose:
-        import logging
-
-        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    args.terms = Terms(RUN_FLAGS)  # a run knows its config's file and lines once it read it
+    _log_in_cli_terms(args)
     progress = Progress(enabled=False if args.quiet else None)
     try:
         status = _COMMANDS[args.command](args, progress)
     except TVMError as err:
-        status = _error(f"TVM failed: {err}", Exit.TVM_FAILED, err)
+        status = _error(f"TVM failed: {err.said(args.terms)}", Exit.TVM_FAILED, err)
     except ProbeError as err:
-        status = _error(f"error: {err}", Exit.BAD_INPUT, err)
+        status = _error(f"error: {err.said(args.terms)}", Exit.BAD_INPUT, err)
     except KeyboardInterrupt:  # dumps and reports are written atomically: nothing half-written remains
         status = _error("error: interrupted (no partial dump or report is left behind)", Exit.BAD_INPUT)
     except BrokenPipeError:  # `tvm-probe get ... | head`
@@ -553,6 +581,35 @@ def main(argv=None) -> int:
         status = _error(f"internal error: {type(err).__name__}: {one_line(err)} (a bug in tvm_probe or an "
                         "unsupported TVM behaviour; set TVM_PROBE_TRACEBACK=1 for the traceback)", Exit.INTERNAL)
     return int(status)
+
+
+class _CliTerms(logging.Formatter):
+    """tvm_probe's log records for the terminal: a notice that carries its remedy (sizes chosen for
+    unknown dimensions) said with the flag or config key that changes it."""
+
+    def __init__(self, args):
+        super().__init__("%(name)s: %(message)s" if args.verbose else "tvm-probe: %(message)s")
+        self.args = args
+
+    def format(self, record) -> str:
+        notice = getattr(record, "notice", None)
+        if notice is None:
+            return super().format(record)
+        return f"tvm-probe: {notice.notice(self.args.terms)}"
+
+
+def _log_in_cli_terms(args) -> None:
+    """tvm_probe's warnings (every record with -v) on stderr, in the command line's terms."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CliTerms(args))
+    root = logging.getLogger("tvm_probe")
+    for old in [h for h in root.handlers if isinstance(h.formatter, _CliTerms)]:
+        root.removeHandler(old)  # main() called again in one process (tests)
+    root.addHandler(handler)
+    root.propagate = False
+    root.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    if args.verbose:  # TVM's own Python loggers too
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
 
 def console_main() -> None:

@@ -8,26 +8,29 @@ Schema (``configs/example.yaml`` shows every key with comments)::
                 |  {hf: "FILE.py:FUNCTION"}  (returns a transformers *ForCausalLM; needs generate:)
     generate:   {prompt: [ids] | random, steps: N, seed: S, length: L}   (model: {hf: ...} only)
     inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
+                | random   (every input random, from its type: ids within the table they index)
     target:     llvm
     pipeline:   default | fused
     capture:    all | [NAME or PATTERN, ...]
     reference:  none | onnxruntime | torch | tflite | {runtime: ..., model: PATH, atol: X, rtol: X,
                                       tolerances: {PATTERN: {atol: X, rtol: X}}}
                 | {tvm: {pipeline: default|fused, target: T}, atol: ..., ...}   (another TVM build)
-                (atol/rtol default by dtype, see tvm_probe.tolerance)
+                (atol/rtol default by dtype, see tvm_probe.core.tolerance)
     output:     {dump: DIR, report: DIR, write: [csv, html, graph], overwrite: false, weights: false}
     split:      {cuts: [NAME, SCOPE or PATTERN, ...]} | {balance: N}     (tvm-probe split)
     verify:     false | true   (check every served value against an independent unfused build)
     import_fixes: true | false (rewrite constructs TVM 0.27 cannot build; see tvm_probe.importer.fixes)
     remote:     {host: HOST, port: PORT} | {tracker: "HOST:PORT", key: KEY}   (run on a `tvm-probe serve`)
-    precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.precision)
+    precision:  fp16 | {dtype: fp16, keep_fp32: [NAME, ...]}   (build in reduced precision; tvm_probe.tools.precision)
     quantization: {model: QDQ.onnx, target_sqnr: DB}   (model: {onnx: FLOAT}; `run` compares the QDQ model
-                with it op by op, ranks the ops, writes the tables to output.report; tvm_probe.quantization)
+                with it op by op, ranks the ops, writes the tables to output.report; tvm_probe.tools.quantization)
 
 Every problem is reported with its file, line and key path (or the ``--set`` that made it), all
 at once, in one line: ``configs/x.yaml:7: reference.atol: must be a number >= 0, got -1``.  Relative paths are
-relative to the config file's folder.  CLI ``--set key.path=value`` overrides go through the
-same validation, so options and YAML keys are one schema.
+relative to the config file's folder.  CLI ``--set key.path=value`` overrides and the flags that
+stand for keys (``--shapes``, ``--inputs``, ``--pipeline``, ``--target``: :class:`Override`) go
+through the same validation, so options and YAML keys are one schema.  A model file given to
+``tvm-probe run`` stands for a config (:mod:`tvm_probe.app.model_file`).
 """
 from __future__ import annotations
 
@@ -48,12 +51,13 @@ from ..comparison.reference import (
     reference_for,
     reference_names,
 )
-from ..core.errors import ProbeError
+from ..core.errors import ConfigError
 from ..core.precision import PrecisionError, parse_precision, precision_tolerance
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, PIPELINE_NAMES, REPORT_FORMATS
 from ..core.tolerance import Tolerance
 from ..importer.demo import PRESETS, SIZES
 from ..importer.kinds import ModelAdapter, adapter_for, adapters
+from .overrides import apply_overrides
 
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -61,10 +65,6 @@ DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "u
 #: The kinds a config's ``model:`` takes, in the order its messages list them.
 CONFIG_KINDS = ("onnx", "tflite", "demo", "torch", "hf")
 _GIVEN = {"file": "PATH", "sizes": "{...}", "factory": "FILE.py:FUNCTION"}  # how each is written
-
-
-class ConfigError(ProbeError):
-    """A config file is not valid; the message lists every problem with its line."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class InputSource:
     key: str | None = None
 
     def load(self, spec=None) -> np.ndarray:
-        """The array; ``spec`` (the model's InputSpec) fills in a random input's shape/dtype."""
+        """The array; ``spec`` (the model's InputSpec) fills in a random input's shape/dtype (and,
+        for ids that index a table, the range)."""
         if self.file is not None:
             return _load_array(self.file, self.key, self.name)
         opts = dict(self.random or {})
@@ -114,6 +115,8 @@ class InputSource:
         dtype = np.dtype(opts.get("dtype") or (spec.dtype if spec else "float32"))
         rng = np.random.default_rng(opts.get("seed", 0))
         low, high = opts.get("low", 0 if dtype.kind in "iub" else -1.0), opts.get("high")
+        if high is None and dtype.kind in "iu" and getattr(spec, "index_bound", None):
+            high = spec.index_bound  # ids: within the table the input indexes
         if dtype.kind == "b":
             return rng.integers(0, 2, size=shape).astype(bool)
         if dtype.kind in "iu":
@@ -193,6 +196,7 @@ class Config:
 
     model: ModelSpec
     inputs: tuple[InputSource, ...] = ()
+    random_inputs: bool = False  # inputs: random (every input drawn from its type)
     target: str = DEFAULT_TARGET
     pipeline: str = DEFAULT_PIPELINE
     capture: Any = "all"
@@ -201,17 +205,28 @@ class Config:
     split: SplitSpec | None = None
     verify: bool = False    # check every served value against an independent unfused build
     import_fixes: bool = True  # rewrite constructs TVM 0.27 cannot build (importer/fixes.py)
-    remote: Any = None      # a tvm_probe.remote.RemoteSpec: run on a remote device over TVM RPC
-    precision: Any = None   # a tvm_probe.precision.PrecisionSpec: build in reduced precision
+    remote: Any = None      # a tvm_probe.capture.remote.RemoteSpec: run on a remote device over TVM RPC
+    precision: Any = None   # a tvm_probe.core.precision.PrecisionSpec: build in reduced precision
     generate: Any = None    # a GenerateSpec: generate with a KV cache, compare every step (model: {hf: ...})
     quantization: Any = None  # a QuantizationSpec: the float model's QDQ model, compared and ranked
     source: Path | None = None
     overrides: tuple[str, ...] = ()
+    lines: dict = field(default_factory=dict, compare=False)  # key path → line of the config file
+
+    def at(self, *keys) -> str:
+        """Where a key is, for messages: ``configs/x.yaml:7: inputs.x`` (the line of the key, else
+        of its nearest parent); ``tvm-probe run: inputs.x`` for a model file's run."""
+        name = ".".join(map(str, keys))
+        if self.source is None:
+            return f"tvm-probe run: {name}"
+        line = next((self.lines[keys[:n]] for n in range(len(keys), 0, -1) if keys[:n] in self.lines), None)
+        return f"{self.source}{f':{line}' if line else ''}: {name}"
 
 
 # ------------------------------------------------------------------------------ loading
-def load_config(path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read, override (``key.path=value``) and validate a YAML config; raise ConfigError on any problem."""
+def load_config(path, overrides=()) -> Config:
+    """Read, override (``key.path=value`` items or :class:`Override`\\ s) and validate a YAML
+    config; raise ConfigError on any problem."""
     import yaml
 
     path = Path(path)
@@ -232,10 +247,14 @@ def load_config(path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the config must be a mapping of keys (model, inputs, ...), "
                           f"not a {type(data).__name__}")
-    overridden = {}
-    for item in overrides:
-        overridden[_apply_override(data, item)] = item
-    return _Validator(path, lines, overridden).config(data)
+    return config_from_data(data, overrides, path, lines)
+
+
+def config_from_data(data: dict, overrides=(), path: Path | None = None, lines: dict | None = None) -> Config:
+    """Override and validate a config's keys (``data``, as YAML reads them; changed in place by the
+    overrides).  ``path``: the YAML file they came from, whose ``lines`` locate a problem; None for
+    a config made by the command line (a model file's: see :mod:`tvm_probe.app.model_file`)."""
+    return _Validator(path, lines or {}, apply_overrides(data, overrides)).config(data)
 
 
 def _key_lines(node, prefix=()) -> dict[tuple, int]:
@@ -252,27 +271,6 @@ def _key_lines(node, prefix=()) -> dict[tuple, int]:
         for i, item in enumerate(node.value):
             lines.update(_key_lines(item, prefix + (i,)))
     return lines
-
-
-def _apply_override(data: dict, item: str) -> tuple:
-    """Set ``key.path=value`` (the value is YAML) in ``data``; return the key path."""
-    import yaml
-
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. --set pipeline=fused)")
-    target = data
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        nxt = target.get(part)
-        if not isinstance(nxt, dict):
-            nxt = target[part] = {}
-        target = nxt
-    try:
-        target[parts[-1]] = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
-    return tuple(parts)
 
 
 def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
@@ -292,10 +290,11 @@ def _load_array(path: Path, key: str | None, name: str) -> np.ndarray:
 class _Validator:
     """Checks every key of a parsed config, collecting every problem before raising."""
 
-    def __init__(self, path: Path, lines: dict, overridden: dict | None = None):
+    def __init__(self, path: Path | None, lines: dict, overridden: dict | None = None):
+        """``path`` None: a model file's config, made of defaults and flags (no file, no lines)."""
         self.path, self.lines, self.problems = path, lines, []
-        self.overridden = overridden or {}   # key path → the --set item that set it
-        self.base = path.parent
+        self.overridden = overridden or {}   # key path → the Override that set it
+        self.base = path.parent if path is not None else Path.cwd()
 
     def fail(self, keys: tuple, message: str) -> None:
         """Record a problem, located by its line in the file or by the --set that made it."""
@@ -305,7 +304,10 @@ class _Validator:
         if setter is None and keys not in self.lines:  # a key the file lacks, made by a --set below it
             setter = next((item for path, item in self.overridden.items() if path[:len(keys)] == keys), None)
         if setter is not None:
-            self.problems.append((0, f"--set {setter}", text))
+            self.problems.append((0, setter.flag, text))
+            return
+        if self.path is None:
+            self.problems.append((0, "tvm-probe run", text))
             return
         line = next((self.lines[keys[:n]] for n in range(len(keys), -1, -1) if keys[:n] in self.lines), 1)
         self.problems.append((line, f"line {line}", text))
@@ -320,7 +322,8 @@ class _Validator:
         model = self.model(data.get("model")) if "model" in data else None
         cfg = Config(
             model=model or ModelSpec(),
-            inputs=self.inputs(data.get("inputs") or {}),
+            inputs=self.inputs(data.get("inputs") or {}) if data.get("inputs") != "random" else (),
+            random_inputs=data.get("inputs") == "random",
             target=self.string(data, ("target",), DEFAULT_TARGET),
             pipeline=self.choice(data, ("pipeline",), PIPELINE_NAMES, DEFAULT_PIPELINE),
             capture=self.capture(data.get("capture", "all")),
@@ -334,7 +337,8 @@ class _Validator:
             generate=self.generate(data.get("generate"), is_hf),
             quantization=self.quantization(data["quantization"], model) if "quantization" in data else None,
             source=self.path,
-            overrides=tuple(self.overridden.values()),
+            overrides=tuple(o.flag for o in self.overridden.values()),
+            lines=self.lines,
         )
         self.compatible(cfg)
         if self.problems:
@@ -343,7 +347,7 @@ class _Validator:
                 line, where, text = self.problems[0]
                 raise ConfigError(f"{where}: {text}" if not line else f"{self.path}:{line}: {text}")
             shown = "; ".join(f"{where}: {text}" for _, where, text in self.problems)
-            raise ConfigError(f"{self.path} has {len(self.problems)} problems: {shown}")
+            raise ConfigError(f"{self.path or 'the run'} has {len(self.problems)} problems: {shown}")
         return cfg
 
     # -- helpers ------------------------------------------------------------------------------
@@ -533,6 +537,9 @@ class _Validator:
 
     def inputs(self, value) -> tuple[InputSource, ...]:
         keys = ("inputs",)
+        if isinstance(value, str):
+            self.fail(keys, f"must be a mapping of input names, or random; got {value!r}")
+            return ()
         if self.mapping(value, keys) is None:
             return ()
         sources = []
@@ -627,7 +634,7 @@ class _Validator:
                           weights=self.flag(value, keys + ("weights",)))
 
     def precision(self, value):
-        """``precision: fp16 | {dtype: fp16, keep_fp32: [names]}`` (the checks of tvm_probe.precision;
+        """``precision: fp16 | {dtype: fp16, keep_fp32: [names]}`` (the checks of tvm_probe.core.precision;
         the names are checked against the model once it is imported)."""
 
         try:
@@ -637,7 +644,7 @@ class _Validator:
             return None
 
     def remote(self, value):
-        """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.remote)."""
+        """``remote: {host, port}`` or ``{tracker, key}`` (the checks of tvm_probe.capture.remote)."""
 
         problems = remote_problems(value)
         for keys, text in problems:

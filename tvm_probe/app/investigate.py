@@ -9,7 +9,8 @@ compiling (the config, input names, capture patterns, the reference) is checked 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from ..core.errors import NameLookupError, UnknownNameError
 from ..core.metrics import error_stats, worst
 from ..core.names import NameIndex
 from ..core.precision import PrecisionError, precision_tolerance
+from ..core.records import PinnedInput
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, Exit
 from ..core.tolerance import Tolerance, tolerance_of, within
 from ..importer.onnx import load_onnx
@@ -37,6 +39,8 @@ from ..tools.reduce import reduce
 from ..tools.split import balance, run_pipeline, split
 from .config import Config, ConfigError, InputSource, ModelSpec
 from .progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,17 +66,21 @@ class Outcome:
 
 
 # -- models ------------------------------------------------------------------------------------
-def import_model(spec: ModelSpec, model, import_fixes: bool = True):
-    """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave)."""
-    return spec.adapter.import_model(model, spec.shapes, import_fixes)
+def import_model(spec: ModelSpec, model, import_fixes: bool = True, sizes=None):
+    """The :class:`~tvm_probe.importer.ImportedModel` of ``model`` (what ``spec.load()`` gave);
+    ``sizes``: the shapes of the arrays the run will feed (for dimensions the import must pin)."""
+    return spec.adapter.import_model(model, spec.shapes, import_fixes, sizes=sizes)
 
 
 def build_probe(config: Config, model, progress: Progress):
     """Import ``model``, check the config against it, compile it; return the probe and inputs."""
 
+    files = {src.name: src.load() for src in config.inputs if src.file is not None}
+    sizes = {**{src.name: src.random["shape"] for src in config.inputs if (src.random or {}).get("shape")},
+             **{name: array.shape for name, array in files.items()}}
     with progress.stage("import"):
-        imported = import_model(config.model, model, config.import_fixes)
-    inputs = _inputs(config, imported, model)
+        imported = import_model(config.model, model, config.import_fixes, sizes)
+    inputs = _inputs(config, imported, model, files)
     _check_capture(config, imported)
     remote = None
     if config.remote is not None:  # reachable, with the instrument, before the long compile
@@ -95,26 +103,52 @@ def _check_capture(config: Config, imported) -> None:
         try:
             index.match(pattern)
         except UnknownNameError as err:  # no dump yet to list: the names are those `tvm-probe ls` shows
-            raise ConfigError(f"{config.source}: capture: {err.listed_by('names as tvm-probe ls lists them')}") \
+            raise ConfigError(f"{config.at('capture')}: {err.listed_by('names as tvm-probe ls lists them')}") \
                 from None
         except NameLookupError as err:
-            raise ConfigError(f"{config.source}: capture: {err}") from None
+            raise ConfigError(f"{config.at('capture')}: {err}") from None
 
 
-def _inputs(config: Config, imported, model) -> dict[str, np.ndarray]:
-    """Inputs from the config; the demo model or the torch factory fills in what it leaves out."""
+def _inputs(config: Config, imported, model, files: dict) -> dict[str, np.ndarray]:
+    """Inputs from the config (``files``: those read from files already); the demo model or the
+    torch factory fills in what it leaves out, or ``inputs: random`` draws them."""
     specs = {s.name: s for s in imported.inputs}
     given = {src.name: src for src in config.inputs}
     unknown = [n for n in given if n not in specs]
     if unknown:
-        raise ConfigError(f"{config.source}: inputs.{unknown[0]}: the model has no such input; "
+        raise ConfigError(f"{config.at('inputs', unknown[0])}: the model has no such input; "
                           f"its inputs are {', '.join(specs)}")
+    if config.random_inputs:  # seeds 0, 1, ... in input order
+        given = {n: InputSource(n, random={"seed": i}) for i, n in enumerate(specs)}
     missing = [n for n in specs if n not in given]
     defaults = config.model.adapter.default_inputs(model, imported.inputs) if missing else {}
     if defaults is None:  # the model gives none of its own (the demo and a torch factory do)
-        raise ConfigError(f"{config.source}: inputs.{missing[0]}: no values given: add "
-                          f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs")
-    return {n: (given[n].load(specs[n]) if n in given else defaults[n]) for n in specs}
+        raise ConfigError(f"{config.at('inputs', missing[0])}: no values given: add "
+                          f"'{missing[0]}: {{random: {{...}}}}' or '{{file: PATH}}' under inputs, or "
+                          "'inputs: random'")
+    drawn = _sized_for_drawing(specs, given, files)
+    return {n: files[n] if n in files else given[n].load(drawn[n]) if n in given else defaults[n] for n in specs}
+
+
+def _sized_for_drawing(specs: dict, given: dict, files: dict) -> dict:
+    """The specs random inputs are drawn from: a model built with symbolic dimensions takes any
+    size, so a dimension the config sizes nowhere takes the size a file input gives its name,
+    else 1 — said as the import says what it pins (the flag or key that chooses it)."""
+    named = {d: size for n, array in files.items() for d, size in zip(specs[n].shape or (), array.shape)
+             if isinstance(d, str)}
+    drawn = dict(specs)
+    for name, spec in specs.items():
+        source = given.get(name)
+        if source is None or source.random is None or source.random.get("shape") or spec.shape is None:
+            continue
+        unknown = [(axis, d) for axis, d in enumerate(spec.shape) if isinstance(d, str)]
+        if not unknown:
+            continue
+        shape = tuple(named.setdefault(d, 1) if isinstance(d, str) else d for d in spec.shape)
+        drawn[name] = replace(spec, shape=shape)
+        chosen = PinnedInput(name, shape, tuple(unknown))
+        log.warning("%s", chosen.notice(), extra={"notice": chosen})
+    return drawn
 
 
 # -- tvm-probe run -------------------------------------------------------------------------------
@@ -139,7 +173,8 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
         with progress.stage("dump"):
             outcome.dump = probe.dump(config.output.dump, overwrite=config.output.overwrite,
                                       include_weights=config.output.weights,
-                                      metadata={"model": config.model.describe(), TERMS_KEY: terms.to_json()})
+                                      metadata={"model": _built_spec(config.model, probe).describe(),
+                                                TERMS_KEY: terms.to_json()})
     reference = chosen_reference(config.reference)  # None: reference: none
     if reference is not None:
         outcome.comparison = _compare(config, probe, reference, terms, model, inputs, progress)
@@ -151,6 +186,13 @@ def investigate(config: Config, progress: Progress | None = None) -> Outcome:
             outcome.report = write_report(config.output.report, probe, outcome.comparison,
                                           formats=config.output.write)
     return outcome
+
+
+def _built_spec(spec: ModelSpec, probe) -> ModelSpec:
+    """``spec`` with the sizes the import chose for unknown dimensions (a dump's record rebuilds
+    the model as it was built)."""
+    pinned = {chosen.name: list(chosen.shape) for chosen in probe.imported.pinned}
+    return replace(spec, shapes={**pinned, **spec.shapes}) if pinned else spec
 
 
 def _compare(config: Config, probe, reference, terms, model, inputs, progress):
@@ -205,9 +247,9 @@ def split_investigation(config: Config, atol: float | None, rtol: float | None, 
     """Cut the model where ``config.split`` says, verify the chained stages against the whole."""
 
     if config.split is None:
-        raise ConfigError(f"{config.source}: split: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
+        raise ConfigError(f"{config.at('split')}: missing: add 'split: {{cuts: [...]}}' or 'split: {{balance: N}}'")
     if config.model.adapter.graph != "onnx":
-        raise ConfigError(f"{config.source}: split: cuts ONNX models into ONNX stages; this is a "
+        raise ConfigError(f"{config.at('split')}: cuts ONNX models into ONNX stages; this is a "
                           f"{config.model.kind} model: export it to ONNX first")
     model = config.model.load()
     probe, inputs = build_probe(config, model, progress)
@@ -238,7 +280,7 @@ def _chained_outcome(plan, cuts, evenness, whole, chained, atol, rtol) -> SplitO
                         tolerance_rule=rule)
 
 
-# -- tvm-probe precision (tvm_probe/precision/) ---------------------------------------------------
+# -- tvm-probe precision (tvm_probe/tools/precision/) ---------------------------------------------------
 def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bool = False,
                             progress=None):
     """``tvm-probe precision``: find the ops to keep in fp32 for the model ``config`` describes and
@@ -269,7 +311,7 @@ def precision_investigation(config, out_dir, atol=None, rtol=None, overwrite: bo
     with progress.stage(f"search ({config.pipeline} pipeline, {config.target})"):
         search = find_keep_fp32(imported, inputs, config.target, config.pipeline, reference,
                                 precision_tolerance(config.reference, atol, rtol),
-                                progress=logging.getLogger("tvm_probe.precision").info)
+                                progress=logging.getLogger("tvm_probe.tools.precision").info)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "precision.yaml").write_text(search.yaml(), encoding="utf-8")
     files = {"precision": out_dir / "precision.yaml"}
@@ -284,13 +326,13 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
     ``exact``: differences within a few ulps count too (by default they are rounding)."""
 
     if config.model.adapter.graph != "onnx":
-        raise ConfigError(f"{config.source}: model: reduce cuts ONNX models; this is a {config.model.kind} "
+        raise ConfigError(f"{config.at('model')}: reduce cuts ONNX models; this is a {config.model.kind} "
                           "model: export it to ONNX first")
     spec = config.reference
     reference = chosen_reference(spec)
     build = reference if isinstance(reference, TVMBuildReference) else None
     if build is None and spec.runtime != "onnxruntime":
-        raise ConfigError(f"{config.source}: reference: reduce compares with onnxruntime or another TVM build "
+        raise ConfigError(f"{config.at('reference')}: reduce compares with onnxruntime or another TVM build "
                           f"({{tvm: {{pipeline: ..., target: ...}}}}), not {spec.runtime!r}")
     model = config.model.load()
     inputs = _graph_inputs(config, model)

@@ -12,7 +12,9 @@ Every value the comparison is asked about ends in exactly one of four places:
 
 A comparison is truthy only when nothing diverged and nothing was left unchecked.  Metrics per
 value: max abs / max rel / mean abs error and cosine similarity and SNR over the elements both
-sides hold as finite numbers, NaN/Inf counts on both sides.  :attr:`Comparison.first_divergent`
+sides hold as finite numbers, NaN/Inf counts on both sides, and ``over_tolerance``: the largest
+error over its allowance, ``|tvm - ref| / (atol + rtol |ref|)`` (the value passes when it is at
+most 1).  :attr:`Comparison.first_divergent`
 is the earliest diverging value in source (topological) order: where to start looking.
 :attr:`Comparison.first_nonfinite` is the earliest value whose NaN/Inf differ from the
 reference's — TVM adding them or dropping them.
@@ -20,6 +22,7 @@ reference's — TVM adding them or dropping them.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Mapping, NamedTuple
@@ -28,7 +31,7 @@ import numpy as np
 
 from ..core.errors import ProbeError
 from ..core.memory import Scratch
-from ..core.metrics import EMPTY, TINY, cosine_snr_many, error_stats
+from ..core.metrics import EMPTY, TINY, both_finite, cosine_snr_many, error_stats
 from ..core.results import Results
 from ..core.sources import Kind, Served
 from ..core.tolerance import Tolerance, default_tolerance, tolerance_of, within
@@ -69,6 +72,9 @@ class ValueComparison:
     passed: bool
     nonfinite_differ: bool = False
     note: str = ""
+    # max over elements of |tvm - ref| / (atol + rtol·|ref|): at most 1 exactly when ``passed``;
+    # 0 where equal (NaN/Inf agreeing), inf where the allowance is 0 or NaN/Inf or shapes disagree
+    over_tolerance: float = 0.0
 
     def describe(self) -> str:
         """What is wrong, in a few words: the note (shape, NaN/Inf), else the error."""
@@ -230,11 +236,37 @@ def _compare_one(key: str, name: str, served: str, g: np.ndarray, r: np.ndarray,
     figures = dict(max_abs=stats.finite_max_abs, max_rel=stats.max_rel, mean_abs=stats.mean_abs,
                    cosine=stats.cosine, snr_db=stats.snr_db)
     if stats.shape_mismatch:
-        return ValueComparison(**base, **figures, passed=False,
+        return ValueComparison(**base, **figures, passed=False, over_tolerance=math.inf,
                                note=f"shape {list(g.shape)} where the reference has {list(r.shape)}")
     note = _nonfinite_difference(g.astype(np.float64), r.astype(np.float64)) if stats.mismatches else ""
-    return ValueComparison(**base, **figures, passed=bool(within(g, r, tol).all()), nonfinite_differ=bool(note),
-                           note=note)
+    passed = bool(within(g, r, tol).all())
+    return ValueComparison(**base, **figures, passed=passed, nonfinite_differ=bool(note), note=note,
+                           over_tolerance=_over_tolerance(g, r, tol, passed, bool(stats.mismatches)))
+
+
+def _over_tolerance(g: np.ndarray, r: np.ndarray, tol: Tolerance, passed: bool, mismatched: bool) -> float:
+    """The largest ``|g - r| / (atol + rtol |r|)`` of two arrays of one shape under the NaN/Inf
+    rule of :mod:`tvm_probe.core.metrics` (a disagreement: inf; NaN or the same infinity on both
+    sides: 0; equal elements: 0, whatever their allowance), on the side of 1 that ``passed`` (the
+    verdict of :func:`~tvm_probe.core.tolerance.within`) says: its bound, computed here the same
+    way, makes ``d <= b`` exactly when ``d / b <= 1`` once rounded; where the float64 difference
+    cannot see what ``within`` saw (int64 past 2**53, compared exactly), just above 1."""
+    if mismatched:
+        return math.inf
+    g64, r64 = g.astype(np.float64).ravel(), r.astype(np.float64).ravel()
+    finite = both_finite(g64, r64)
+    if not finite.all():
+        g64, r64 = g64[finite], r64[finite]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff = np.abs(g64 - r64)
+        bound = tol.atol + tol.rtol * np.abs(r64)  # (as within bounds it)
+        ratio = np.divide(diff, bound, out=np.zeros_like(diff), where=diff > 0)
+    worst = float(np.maximum.reduce(ratio)) if ratio.size else 0.0
+    if passed:
+        return worst if worst <= 1 else 1.0  # (inf / inf: a NaN where the bound overflows too)
+    if worst <= 1:
+        return math.inf if tol.atol == 0 and tol.rtol == 0 else _ABOVE_ONE
+    return worst
 
 
 def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> list[tuple | None]:
@@ -248,15 +280,16 @@ def _finite_metrics(pairs: list[tuple[np.ndarray, np.ndarray, Tolerance]]) -> li
     if kept:
         figures = measure_laid([pairs[i][0].ravel() for i in kept], [pairs[i][1].ravel() for i in kept],
                                [sizes[i] for i in kept], [pairs[i][2] for i in kept])
-        for i, *row, passed, finite in zip(kept, *figures):
+        for i, *row, passed, finite, over in zip(kept, *figures):
             if finite:
-                out[i] = (*row, 0, 0, 0, 0, passed)
+                out[i] = (*row, 0, 0, 0, 0, passed, False, "", over)
     return out
 
 
 class Figures(NamedTuple):
     """What :func:`measure_laid` measured, one list per field, value by value (``finite``:
-    neither side holds a NaN or an infinity; where false, the other figures mean nothing)."""
+    neither side holds a NaN or an infinity; where false, the other figures mean nothing;
+    ``over_tolerance``: as :class:`ValueComparison`'s)."""
 
     max_abs: list
     max_rel: list
@@ -265,6 +298,7 @@ class Figures(NamedTuple):
     snr_db: list
     passed: list
     finite: list
+    over_tolerance: list
 
 
 def measure_laid(got: list[np.ndarray], ref: list[np.ndarray], sizes, tolerances) -> Figures:
@@ -312,6 +346,10 @@ def measure_laid(got: list[np.ndarray], ref: list[np.ndarray], sizes, tolerances
         within = per(np.logical_and, diff <= bound)
         np.maximum(scratch, TINY, out=scratch)
         max_rel = per(np.maximum, np.divide(diff, scratch, out=scratch))
+        # each error over its allowance (0 where equal, whatever the allowance): at most 1 exactly
+        # where diff <= bound, the quotient of two floats being correctly rounded
+        scratch.fill(0.0)
+        over = per(np.maximum, np.divide(diff, bound, out=scratch, where=diff > 0))
         # plain reductions, not BLAS: BLAS threads fight TVM's busy-waiting thread pool for the cores
         sum_abs = per(np.add, diff)
         mean_abs = (sum_abs / counts).tolist()
@@ -322,11 +360,13 @@ def measure_laid(got: list[np.ndarray], ref: list[np.ndarray], sizes, tolerances
         # sum of finite ones that overflows): _compare_one measures those, as the rule says.
         finite = np.isfinite(sum_abs).tolist()
         return Figures(per(np.maximum, diff).tolist(), max_rel.tolist(), mean_abs, cosine, snr, within.tolist(),
-                       finite)
+                       finite, over.tolist())
 
 
 _SCRATCH = Scratch()  # _finite_metrics' work arrays
-_EMPTY_METRICS = (EMPTY.finite_max_abs, EMPTY.max_rel, EMPTY.mean_abs, EMPTY.cosine, EMPTY.snr_db, 0, 0, 0, 0, True)
+_EMPTY_METRICS = (EMPTY.finite_max_abs, EMPTY.max_rel, EMPTY.mean_abs, EMPTY.cosine, EMPTY.snr_db, 0, 0, 0, 0, True,
+                  False, "", 0.0)
+_ABOVE_ONE = float(np.nextafter(1.0, 2.0))  # (a failing value's ratio where its float64 error is within)
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,11 +17,85 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass, field
 from typing import Iterable
 
 
+@dataclass(frozen=True)
+class Remedy:
+    """What fixes a problem, in each set of words a user drives tvm_probe with: the Python
+    argument, the YAML key of a config and the ``tvm-probe`` flag.  An error or a notice carries
+    one; each front end says it in its own terms (:meth:`said`), so there is one message, not a
+    table of messages per front end.
+
+    Attributes:
+        python: the whole phrase for Python, e.g. ``pass shapes={'x': (8, 2048)} to Probe.from_onnx``.
+        key: the config key that fixes it (``model.shapes.x``), None where no key does.
+        value: what to write under ``key`` (``[8, 2048]``).
+        flag: the command-line flag that fixes it (``--shapes x=8x2048``), where a command takes one.
+        cli: the whole phrase for the command line where key and flag do not say it (a dump folder).
+    """
+
+    python: str
+    key: str | None = None
+    value: str | None = None
+    flag: str | None = None
+    cli: str | None = None
+
+    def said(self, terms: "Terms | None" = None) -> str:
+        """The phrase in ``terms`` (Python's when None)."""
+        if terms is None:
+            return self.python
+        options = []
+        if self.flag is not None and self.flag.split("=")[0].split()[0] in terms.flags:
+            options.append(f"give {self.flag}")
+        if self.key is not None:
+            options.append(f"set {self.key}: {self.value} {terms.where(self.key)}".rstrip())
+        if not options:
+            return self.cli or self.python
+        return " or ".join(options)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The command line's terms: the flags the command takes and the config it read (with the
+    line of each key), so that a remedy names what the user can edit."""
+
+    flags: frozenset = frozenset()
+    config: str | None = None
+    lines: dict = field(default_factory=dict)
+
+    def where(self, key: str) -> str:
+        """``in configs/x.yaml:7`` (the line of the key, else of its nearest parent); ``in a
+        config`` when the run read none (``--write-config`` writes one)."""
+        if self.config is None:
+            return "in a config"
+        parts = tuple(key.split("."))
+        while parts and parts not in self.lines:
+            parts = parts[:-1]
+        return f"in {self.config}" + (f":{self.lines[parts]}" if parts else "")
+
+
 class ProbeError(Exception):
-    """Base class of every user-facing error; ``str(err)`` is one line."""
+    """Base class of every user-facing error; ``str(err)`` is one line.
+
+    ``ProbeError(problem, remedy)``: the message is the problem and the remedy in Python's terms;
+    :meth:`said` gives it in the command line's."""
+
+    remedy: Remedy | None = None
+
+    def __init__(self, *args, remedy: Remedy | None = None):
+        self.remedy = remedy
+        if remedy is not None and len(args) == 1:
+            self.problem = str(args[0])
+            args = (f"{self.problem}: {remedy.python}",)
+        super().__init__(*args)
+
+    def said(self, terms: Terms | None = None) -> str:
+        """The message in ``terms`` (:class:`Terms`; Python's when None)."""
+        if self.remedy is None or terms is None:
+            return str(self)
+        return f"{self.problem}: {self.remedy.said(terms)}"
 
 
 class ModelError(ProbeError):
@@ -50,6 +124,11 @@ class TVMCompileError(PipelineError, TVMError):
 
 class TVMRunError(TVMError):
     """The compiled model failed while running."""
+
+
+class ConfigError(ProbeError):
+    """A config (a YAML file, ``--set`` items, the flags that stand for its keys) is not valid;
+    the message lists every problem with its line or flag."""
 
 
 class InputError(ProbeError):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .dtypes import numpy_dtype
-from .errors import InputError
+from .errors import InputError, Remedy
 
 
 def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
@@ -90,20 +90,35 @@ def check_input(spec, value, allow_nonfinite: bool = False) -> np.ndarray:
     if array.dtype == object:
         raise InputError(f"input {spec.name!r} is not a numeric array: give a numpy array of {spec.dtype}")
     if array.dtype != numpy_dtype(spec.dtype):
-        raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}: "
-                         f"convert it with .astype('{spec.dtype}')")
+        raise InputError(f"input {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}", remedy=Remedy(
+            f"convert it with .astype('{spec.dtype}')", key=f"inputs.{spec.name}",
+            value=f"a file of {spec.dtype} values, or {{random: {{dtype: {spec.dtype}}}}}",
+            flag=f"--inputs FILE.npz holding {spec.name} as {spec.dtype}"))
     if spec.shape is not None and array.shape != spec.shape and (len(array.shape) != len(spec.shape) or any(
             isinstance(want, int) and got != want for got, want in zip(array.shape, spec.shape))):
         raise InputError(f"input {spec.name!r} has shape {list(array.shape)}, the model expects "
-                         f"{list(spec.shape)}")
+                         f"{list(spec.shape)}", remedy=_pinned_remedy(spec, array.shape))
     _check_ids(spec, array)
     if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
         nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-        raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values: fix the data, or pass "
-                         "allow_nonfinite=True to run() to trace how they propagate")
+        raise InputError(f"input {spec.name!r} holds {nan} NaN and {inf} Inf values", remedy=Remedy(
+            "fix the data, or pass allow_nonfinite=True to run() to trace how they propagate",
+            cli="fix the data (Python's probe.run(..., allow_nonfinite=True) traces how they propagate)"))
     if array.flags.c_contiguous:
         return array
     return np.require(array, requirements="C")  # not ascontiguousarray: that turns 0-d into 1-d
+
+
+def _pinned_remedy(spec, shape) -> Remedy | None:
+    """For an input whose unknown dimensions tvm_probe pinned (and only those differ): build the
+    model for the sizes given."""
+    if not spec.pinned or len(shape) != len(spec.shape) or any(
+            got != want for axis, (got, want) in enumerate(zip(shape, spec.shape)) if axis not in spec.pinned):
+        return None
+    shape = tuple(int(s) for s in shape)
+    return Remedy(f"the model leaves those sizes unknown and was built for {list(spec.shape)}: build it for "
+                  f"yours, with shapes={{{spec.name!r}: {shape}}}", key=f"model.shapes.{spec.name}",
+                  value=str(list(shape)), flag=f"--shapes {spec.name}={'x'.join(map(str, shape))}")
 
 
 def _check_ids(spec, array: np.ndarray) -> None:

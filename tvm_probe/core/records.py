@@ -1,6 +1,6 @@
 """Plain records of what happened to a model on its way through TVM, as a dump keeps them.
 
-The import fixes a model needed and TVM's compile warnings in source terms: made by the importer
+The import fixes a model needed, the sizes chosen for its unknown dimensions and TVM's compile warnings in source terms: made by the importer
 and the diagnosis, written into dumps, read back by :mod:`tvm_probe.store` with numpy alone.
 """
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .describe import describe_ops
+from .errors import Remedy, Terms
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,32 @@ class CompileWarning:
     def from_record(cls, rec: dict) -> "CompileWarning":
         return cls(message=str(rec["message"]), keys=tuple(str(k) for k in rec.get("keys", ())),
                    where=str(rec.get("where", "")), ops=tuple(str(o) for o in rec.get("ops", ())))
+
+
+@dataclass(frozen=True)
+class PinnedInput:
+    """An input built with sizes chosen for dimensions the model leaves unknown, because TVM's
+    importer could not follow them symbolically (or ``shapes`` pinned the other inputs).
+
+    Attributes:
+        name: the input.
+        shape: the sizes it was built with.
+        dims: ``(axis, declared name)`` of each dimension chosen here (``"?"`` for an unnamed one).
+        from_inputs: the sizes are those of the arrays given for the run (else 1).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dims: tuple[tuple[int, str], ...]
+    from_inputs: bool = False
+
+    def notice(self, terms: Terms | None = None) -> str:
+        """One line: ``bytes: dimension 0 (unk__214) set to 1; choose with shapes={'bytes': (1, 2048)}``
+        (in ``terms``: the CLI flag or YAML key)."""
+        chosen = ", ".join(f"dimension {axis} ({label}) set to {self.shape[axis]}" for axis, label in self.dims)
+        why = " (the size of the input given)" if self.from_inputs else ""
+        example = "x".join(map(str, self.shape))
+        remedy = Remedy(f"choose with shapes={{{self.name!r}: {self.shape}}}", key=f"model.shapes.{self.name}",
+                        value=str(list(self.shape)), flag=f"--shapes {self.name}={example}")
+        said = remedy.said(terms)
+        return f"{self.name}: {chosen}{why}; " + (said if terms is None else f"to choose, {said}")

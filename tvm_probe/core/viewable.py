@@ -16,7 +16,8 @@ class Viewable:
     def view(self, comparison=None, model=None, port: int | None = None, open_browser: bool = True) -> None:
         """Look at this run in Google's Model Explorer until Ctrl-C (:func:`tvm_probe.show.view.view`).
 
-        Needs ``pip install "tvm_probe[view]"``.  ``model``: the source model, where the run does
-        not record it; ``comparison``: what to show as errors (a dump defaults to its reference).
+        Needs the ``view`` extra (:func:`tvm_probe.core.install.install_hint` says how to install
+        it).  ``model``: the source model, where the run does not record it; ``comparison``: what
+        to show as errors (a dump defaults to its reference).
         """
         importlib.import_module(VIEWER).view(self, comparison, model, port=port, open_browser=open_browser)

@@ -91,8 +91,10 @@ class ModelAdapter:
         return False
 
     def import_model(self, model, shapes: Mapping[str, Sequence[int]] | None = None,
-                     import_fixes: bool = True) -> ImportedModel:
-        """The :class:`ImportedModel` of ``model`` (one function: ``main``)."""
+                     import_fixes: bool = True, sizes: Mapping[str, Sequence[int]] | None = None) -> ImportedModel:
+        """The :class:`ImportedModel` of ``model`` (one function: ``main``).  ``sizes``: the shapes
+        of the arrays the run will feed, for dimensions the import must pin (ONNX, see
+        :func:`~tvm_probe.importer.onnx.import_onnx`); kinds with static shapes ignore them."""
         raise ProbeError(f"{self.described} has several functions: import it with import_functions "
                          f"(Probe.from_{self.kind})")
 

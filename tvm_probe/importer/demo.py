@@ -331,8 +331,8 @@ class DemoAdapter(ModelAdapter):
     def owns(self, model) -> bool:
         return isinstance(model, onnx.ModelProto) and any(p.key.startswith(_META_PREFIX) for p in model.metadata_props)
 
-    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
-        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes)
+    def import_model(self, model, shapes=None, import_fixes: bool = True, sizes=None) -> ImportedModel:
+        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes, sizes=sizes)
 
     def default_inputs(self, model, inputs):
         return demo_inputs(model)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..core.errors import InputError, ModelError, ProbeError
+from ..core.install import install_hint
 from .adapter import ImportedFunctions, ModelAdapter, load_factory
 from .quantize import (QuantSpec, check_weights_found, quant_spec, quantize_function, quantize_weights,
                        quantized_modules)
@@ -61,7 +62,7 @@ def _cache_class():
     try:
         from transformers.cache_utils import DynamicCache, DynamicLayer
     except ImportError:
-        raise ModelError("transformers is not installed: pip install 'tvm_probe[hf]'") from None
+        raise ModelError(f"transformers is not installed: {install_hint('hf')}") from None
     return DynamicCache, DynamicLayer
 
 

@@ -25,6 +25,8 @@ class InputSpec:
     does not check bounds, so out-of-range ids would read out of memory; ``run`` refuses them.
 
     ``aliases`` are further names ``run`` accepts for it (a TFLite signature's input key).
+    ``pinned``: the axes whose size tvm_probe chose because the model leaves them unknown (see
+    :attr:`ImportedModel.pinned`).
     """
 
     name: str
@@ -34,6 +36,7 @@ class InputSpec:
     indexes: str = ""
     negative_ids: bool = True
     aliases: tuple[str, ...] = ()
+    pinned: tuple[int, ...] = ()
 
 
 @dataclass
@@ -58,6 +61,9 @@ class ImportedModel:
             converter wrote its result into the value's place (``y.copy_(w)`` for ``y``), so
             TVM's module reads the written value wherever ``y`` is used afterwards.  The kernel
             map gives it as the reason when the value is lost.
+        pinned: the inputs built with sizes chosen for dimensions the model leaves unknown
+            (:class:`~tvm_probe.core.records.PinnedInput`), where TVM's importer could not
+            follow them symbolically.
         shape_values: source key → the shape or scalar expression TVM's import computed it as
             (``R.shape([n, 3])``, ``n + 1``), bound to no Var: the kernel map serves it from the
             run's input sizes when only they enter it (else it stays unknown, with its note).
@@ -73,6 +79,7 @@ class ImportedModel:
     unfixed: list[AppliedFix] = field(default_factory=list)
     overwritten: dict[str, str] = field(default_factory=dict)
     shape_values: dict = field(default_factory=dict)
+    pinned: list = field(default_factory=list)
 
     @property
     def model_hash(self) -> str:

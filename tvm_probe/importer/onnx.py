@@ -16,14 +16,17 @@ import ast
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import re
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
+from ..core.native_log import native_log_to_logging, release_native
 from ..core.sources import Kind, SourceMap, SourceValue
 from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
@@ -31,7 +34,10 @@ from .model import ImportedModel, InputSpec, LazyArrays
 from .module_paths import module_outputs
 from .onnx_graph import node_inputs
 from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info, type_info
-from .static import GraphView, _example, inferred_ranks, make_static, name_unknown_dims, pin_inputs, symbolic_inputs
+from .static import (GraphView, fill_unknown_dims, inferred_ranks, make_static, name_unknown_dims, pin_inputs,
+                     sizes_remedy, symbolic_inputs)
+
+log = logging.getLogger(__name__)
 
 ModelLike = Union[str, os.PathLike, Any]  # a path or an onnx.ModelProto (onnx is imported lazily)
 
@@ -81,44 +87,79 @@ def model_hash(proto) -> str:
 
 
 def import_onnx(model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = None,
-                import_fixes: bool = True) -> ImportedModel:
+                import_fixes: bool = True, sizes: Mapping[str, Sequence[int]] | None = None) -> ImportedModel:
     """Import an ONNX model with every runtime value tagged by its source tensor name.
 
-    A model whose inputs have symbolic dimensions is made static first (see
-    :mod:`tvm_probe.importer.static`): the inputs are pinned to ``shapes``, and the shape
-    arithmetic that then has a known value is folded to constants (served as such).
+    A model whose inputs have unknown dimensions (named, unnamed, ``-1``) is imported as TVM
+    imports it, with symbolic dimensions, where TVM's importer can follow them.  Where it cannot
+    (shape arithmetic it loses track of), or where ``shapes`` pins some inputs, the model is made
+    static first (see :mod:`tvm_probe.importer.static`): every unknown dimension takes a size —
+    from ``shapes``, else the size of the arrays the run will feed (``sizes``), else 1 — listed in
+    ``ImportedModel.pinned`` and logged, and the shape arithmetic that then has a known value is
+    folded to constants (served as such).
 
     Args:
         model: an ``onnx.ModelProto`` or a path to a ``.onnx`` file.
-        shapes: static shapes for inputs whose declared shape has symbolic dimensions; an input
-            left out takes the sizes of the dimension names it shares with the inputs given.
+        shapes: static shapes for inputs with unknown dimensions; an input left out takes the
+            sizes of the dimension names it shares with the inputs given.
         import_fixes: rewrite the constructs TVM 0.27 cannot import (see
             :mod:`tvm_probe.importer.fixes`); those used are listed in ``ImportedModel.fixes``.
+            False imports as TVM does: unknown dimensions stay symbolic unless ``shapes`` pins them.
+        sizes: ``{input: shape}`` of the arrays the model will be run with, for a dimension that
+            must be pinned and that ``shapes`` does not give.
 
     Raises:
         ModelError: the file is missing or not ONNX, ``shapes`` does not fit the model, an input
-            has symbolic dimensions ``shapes`` does not pin, or TVM's importer fails on a node;
+            declared without a rank must be pinned and neither ``shapes`` nor ``sizes`` gives
+            it, or TVM's importer fails on a node;
         UnsupportedOpError: the model uses an op TVM's ONNX importer cannot convert.
     """
     proto = load_onnx(model)
     _check_ops_supported(proto.graph)
-    static = _static_graph(proto, dict(shapes or {}))
-    importer = _make_importer(static.shapes if static else dict(shapes or {}), import_fixes, _rank_lookup(proto))
+    shapes = dict(shapes or {})
+    if not symbolic_inputs(proto.graph):
+        pin_inputs(proto.graph, shapes)  # checks shapes given for a static model
+        return _import(proto, None, import_fixes)
+    if not shapes and not import_fixes:  # as TVM imports it, failures included
+        return _import(proto, None, import_fixes)
+    failed = None
+    if not shapes:
+        try:
+            return _import(proto, None, import_fixes)
+        except TVMImportError as err:  # TVM's importer lost a symbolic dimension: pin them
+            log.info("TVM's importer cannot follow the model's unknown dimensions (%s): pinning them", err)
+            with native_log_to_logging():  # the failed import's BlockBuilder complains as it is freed
+                release_native(err)
+            failed = err
+    full, pinned = fill_unknown_dims(proto.graph, shapes, sizes)
+    rankless = [name for name in symbolic_inputs(proto.graph) if name not in full]
+    if failed is not None and rankless:  # nothing to pin them to: TVM's failure, and what fixes it
+        raise type(failed)(str(failed), remedy=sizes_remedy(rankless[0])) from None
+    imported = _import(proto, make_static(proto, full), import_fixes)
+    imported.pinned = pinned
+    axes = {chosen.name: tuple(axis for axis, _ in chosen.dims) for chosen in pinned}
+    imported.inputs = [replace(spec, pinned=axes.get(spec.name, ())) for spec in imported.inputs]
+    for chosen in pinned:
+        log.warning("%s", chosen.notice(), extra={"notice": chosen})  # the CLI says it with its flags
+    return imported
+
+
+def _import(proto, static, import_fixes: bool) -> ImportedModel:
+    """One import of ``proto``: of ``static`` (the static graph) where given, else with the
+    model's unknown dimensions symbolic."""
+    importer = _make_importer(static.shapes if static else {}, import_fixes, _rank_lookup(proto))
     graph = static.view(proto.graph) if static else _named_dims_view(proto.graph)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the onnx checker's opinions; we report real failures
         try:
             mod = importer.from_onnx(graph, _opset_of(proto))
-        except TVMImportError as err:
-            raise type(err)(f"{err}{_shapes_hint(proto, static)}") from None
         except ProbeError:
             raise
         except Exception as err:  # raised outside a converter (e.g. TVM's ShapeExpr check)
-            raise _import_failure(importer.current_node, err, _shapes_hint(proto, static)) from None
+            raise _import_failure(importer.current_node, err) from None
     imported = _collect(proto, mod, importer)
-    hint = _shapes_hint(proto, static)
-    if hint:  # symbolic dims TVM may have lost on the way: say so here, not as a build failure
-        _check_shapes_kept(proto, imported, hint)
+    if static is None and symbolic_inputs(proto.graph):  # dims TVM may have lost on the way
+        _check_shapes_kept(proto, imported)
     return imported
 
 
@@ -134,13 +175,13 @@ def _rank_lookup(proto):
     return rank_of
 
 
-def _check_shapes_kept(proto, imported: ImportedModel, hint: str) -> None:
+def _check_shapes_kept(proto, imported: ImportedModel) -> None:
     """Refuse an import in which TVM lost the shape of an op's result, naming the node.
 
     TVM's LegalizeOps leaves an op whose shapes are unknown as it is, and the build then fails
     far from the cause ("CodeGenVM cannot emit this Relax operator"); with symbolic input dims
     this is TVM's importer losing track of them (a decoder's attention mask broadcast against
-    scores of a dynamic past), which pinning the dims with ``shapes=`` avoids.
+    scores of a dynamic past), which pinning the dims avoids (:func:`import_onnx` does).
 
     Raises:
         TVMImportError: naming the first ONNX node whose value TVM holds without a shape.
@@ -157,7 +198,7 @@ def _check_shapes_kept(proto, imported: ImportedModel, hint: str) -> None:
     args = " and ".join(_shape_text(a) for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType))
     raise TVMImportError(
         f"TVM's ONNX importer lost the shape{where}: R.{call.op.name.removeprefix('relax.')} of {args} gives "
-        f"R.Tensor(ndim={var.ty.ndim}), which TVM 0.27 cannot build{hint}")
+        f"R.Tensor(ndim={var.ty.ndim}), which TVM 0.27 cannot build")
 
 
 def _first_lost_shape(func, var_keys: dict):
@@ -191,32 +232,6 @@ def _shape_text(expr) -> str:
         return f"R.Tensor(ndim={expr.ty.ndim})"
     text = "(" + ", ".join(_dim_text(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
     return text if len(text) <= 80 else text[:76] + "...)"
-
-
-def _shapes_hint(proto, static) -> str:
-    """For a model imported with symbolic input dims: how ``shapes=`` may get it past TVM."""
-
-    symbolic = symbolic_inputs(proto.graph) if static is None else {}
-    if not symbolic:
-        return ""
-    example = _example(symbolic)
-    if "?" in example and " with numbers for " not in example:
-        example += " with a number for each ?"
-    return (f"; the model's inputs have unknown dims, which TVM's importer often cannot follow through "
-            f"shape arithmetic: pass shapes={example} to fold it before TVM sees the model")
-
-
-def _static_graph(proto, shapes: dict):
-    """The static graph TVM converts when the model has symbolic input dims, else None.
-
-    ``shapes`` given for a model without symbolic dims is checked against the declared shapes.
-    """
-
-    if not symbolic_inputs(proto.graph) or not shapes:  # static, or to be compiled with symbolic dims
-        if shapes:
-            pin_inputs(proto.graph, shapes)
-        return None
-    return make_static(proto, shapes)
 
 
 def _named_dims_view(graph):
@@ -648,5 +663,5 @@ class OnnxAdapter(ModelAdapter):
         return (isinstance(model, (str, os.PathLike)) and str(model).endswith(".onnx")) or \
             (onnx is not None and isinstance(model, onnx.ModelProto))
 
-    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
-        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes)
+    def import_model(self, model, shapes=None, import_fixes: bool = True, sizes=None) -> ImportedModel:
+        return import_onnx(model, static_shapes(shapes), import_fixes=import_fixes, sizes=sizes)

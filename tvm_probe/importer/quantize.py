@@ -25,7 +25,7 @@ weight also keeps its float value (``<path>.float_weight``) and a boolean scalar
 ``<path>.keep_float`` that picks it instead of the dequantized one (``where``: exact either
 way), so one build serves every mix of quantized and float modules by swapping parameters
 (``Probe.set_params``); the 4-bit format itself cannot reproduce a float weight (32 weights
-share one scale and 15 levels), hence the switch.  ``tvm_probe.quantization.sensitivity_hf``
+share one scale and 15 levels), hence the switch.  ``tvm_probe.tools.quantization.sensitivity_hf``
 builds it.
 
 Where the scheme is MLC's and where it is not: MLC's ``GroupQuantize`` dequantizes the

@@ -40,7 +40,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..core.errors import ModelError
+from ..core.errors import ModelError, Remedy
+from ..core.records import PinnedInput
 
 log = logging.getLogger(__name__)
 
@@ -170,22 +171,18 @@ def pin_inputs(graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[in
         ModelError: ``shapes`` names something that is not an input, disagrees with a declared
             dim or with itself on a shared dimension name, or an input stays symbolic.
     """
-    weights = {t.name for t in graph.initializer}
-    declared = {vi.name: declared_dims(vi) for vi in graph.input if vi.name not in weights}
-    unknown = [n for n in shapes if n not in declared]
-    if unknown:
-        raise ModelError(f"shapes= names {', '.join(map(repr, unknown))}, which the model does not take: "
-                         f"its inputs are {', '.join(map(repr, declared))}")
+    declared = declared_inputs(graph)
+    shapes = _checked(shapes, declared)
     sizes: dict[str, tuple[int, str]] = {}  # dimension name → (size, input that fixed it)
     for name, shape in shapes.items():
-        shape = _check_pinned(name, shape, declared[name])
         for dim, size in zip(declared[name] or [], shape):
             if isinstance(dim, str):
                 seen = sizes.setdefault(dim, (size, name))
                 if seen[0] != size:
-                    raise ModelError(
-                        f"shapes= gives dimension '{dim}' size {size} in {name!r} but {seen[0]} in "
-                        f"{seen[1]!r}: the model declares both as '{dim}', give them equal sizes")
+                    raise ModelError(f"shapes gives dimension '{dim}' size {size} in {name!r} but {seen[0]} "
+                                     f"in {seen[1]!r}, which the model declares as one dimension",
+                                     remedy=_shapes_remedy({name: _with(shape, declared[name], dim, seen[0])},
+                                                           "give them equal sizes: "))
     pinned = {}
     for name, dims in declared.items():
         if name in shapes:
@@ -196,8 +193,88 @@ def pin_inputs(graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[in
                 log.info("input %r takes shape %s from the dimension names it shares", name, pinned[name])
     missing = {n: d for n, d in declared.items() if n not in pinned}
     if missing:
-        raise ModelError(f"{_describe_symbolic(missing)}: pass shapes={_example(missing)}")
+        name, dims = next(iter(missing.items()))
+        raise ModelError(f"{_describe_symbolic(missing)}", remedy=_shapes_remedy(
+            {name: tuple(d if isinstance(d, int) else 1 for d in dims or (1,))}, "give its sizes, e.g. "))
     return pinned
+
+
+def _checked(shapes: Mapping[str, Sequence[int]], declared: dict) -> dict[str, tuple[int, ...]]:
+    """``shapes`` as ints, each checked against the input it names (:func:`_check_pinned`)."""
+    unknown = [n for n in shapes if n not in declared]
+    if unknown:
+        raise ModelError(f"shapes names {', '.join(map(repr, unknown))}, which the model does not take "
+                         f"(its inputs are {', '.join(map(repr, declared))})",
+                         remedy=Remedy("name inputs of the model in shapes=", key="model.shapes",
+                                       value="{" + ", ".join(f"{n}: [...]" for n in declared) + "}",
+                                       flag="--shapes NAME=AxB"))
+    return {name: _check_pinned(name, shape, declared[name]) for name, shape in shapes.items()}
+
+
+def declared_inputs(graph) -> dict[str, list | None]:
+    """``{input: declared dims}`` of every graph input that is not a weight."""
+    weights = {t.name for t in graph.initializer}
+    return {vi.name: declared_dims(vi) for vi in graph.input if vi.name not in weights}
+
+
+def fill_unknown_dims(graph, shapes: Mapping[str, Sequence[int]],
+                      sizes: Mapping[str, Sequence[int]] | None = None) -> tuple[dict, list[PinnedInput]]:
+    """``shapes`` completed for every input it leaves with unknown dimensions, and what was chosen.
+
+    A dimension takes the size the inputs of ``shapes`` give its name; else the size of the
+    array the run will feed (``sizes``: ``{input: shape}`` of the user's arrays); else 1.  An
+    input declared without a rank is left out unless ``sizes`` gives it (:func:`pin_inputs`
+    then asks for it).
+    """
+    sizes = {n: tuple(int(d) for d in s) for n, s in (sizes or {}).items()}
+    declared = declared_inputs(graph)
+    full = _checked(shapes, declared)
+    named = {d: s for n, shape in full.items() for d, s in zip(declared[n] or (), shape) if isinstance(d, str)}
+    ours = set()  # dimensions sized here (an input sharing one says so too)
+    chosen = []
+    for name, dims in declared.items():
+        if name in full or (dims is not None and all(isinstance(d, int) for d in dims)):
+            continue
+        given = sizes.get(name)
+        if dims is None:
+            if given is not None:
+                full[name] = given
+                chosen.append(PinnedInput(name, given, tuple((k, "?") for k in range(len(given))), True))
+            continue
+        given = given if given is not None and len(given) == len(dims) else None
+        shape, picked = [], []
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, int) or (dim in named and dim not in ours):
+                shape.append(dim if isinstance(dim, int) else named[dim])
+                continue
+            key = dim if dim is not None else (name, axis)  # an unnamed dimension is its own
+            if key not in named:
+                named[key] = given[axis] if given is not None else 1
+                ours.add(key)
+            shape.append(named[key])
+            picked.append((axis, dim or "?"))
+        full[name] = tuple(shape)
+        if picked:
+            chosen.append(PinnedInput(name, tuple(shape), tuple(picked), given is not None))
+    return full, chosen
+
+
+def _with(shape, dims, name: str, size: int) -> tuple[int, ...]:
+    """``shape`` with every dimension declared as ``name`` set to ``size``."""
+    return tuple(size if d == name else s for s, d in zip(shape, dims or ()))
+
+
+def _shapes_remedy(example: dict, lead: str = "") -> Remedy:
+    """Pinning sizes, said for Python, YAML and the CLI, with ``example``'s sizes."""
+    name, shape = next(iter(example.items()))
+    return Remedy(f"{lead}pass shapes={{{name!r}: {tuple(shape)}}}", key=f"model.shapes.{name}",
+                  value=str(list(shape)), flag=f"--shapes {name}={'x'.join(map(str, shape))}")
+
+
+def sizes_remedy(name: str) -> Remedy:
+    """Give the sizes of input ``name`` (whose rank is not known here either)."""
+    return Remedy(f"pass shapes={{{name!r}: (...)}} with its sizes", key=f"model.shapes.{name}", value="[...]",
+                  flag=f"--shapes {name}=AxB")
 
 
 def _check_pinned(name: str, shape, dims) -> tuple[int, ...]:
@@ -205,18 +282,29 @@ def _check_pinned(name: str, shape, dims) -> tuple[int, ...]:
     try:
         shape = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
-        raise ModelError(f"shapes[{name!r}] = {shape!r} is not a sequence of ints") from None
+        raise ModelError(f"the shape given for input {name!r}, {shape!r}, is not a list of sizes",
+                         remedy=_shapes_remedy({name: tuple(d if isinstance(d, int) else 1 for d in dims or (1,))},
+                                           "give numbers, e.g. ")) from None
     if any(s < 0 for s in shape):
-        raise ModelError(f"shapes[{name!r}] = {list(shape)} has a negative size")
+        raise ModelError(f"the shape given for input {name!r}, {list(shape)}, has a negative size",
+                         remedy=_shapes_remedy({name: tuple(abs(s) for s in shape)}, "give sizes >= 0, e.g. "))
     if dims is not None:
         if len(dims) != len(shape):
-            raise ModelError(f"shapes[{name!r}] = {list(shape)} has {len(shape)} dims, the model declares "
-                             f"{name} {_dims_text(dims)} ({len(dims)} dims)")
+            raise ModelError(f"the shape given for input {name!r}, {list(shape)}, has {len(shape)} dims; the "
+                             f"model declares {name} {_dims_text(dims)} ({len(dims)} dims)",
+                             remedy=_shapes_remedy({name: tuple(d if isinstance(d, int) else 1 for d in dims)},
+                                               "give one size per dim, e.g. "))
         for i, (dim, size) in enumerate(zip(dims, shape)):
             if isinstance(dim, int) and dim != size:
-                raise ModelError(f"shapes[{name!r}] = {list(shape)} sets dim {i} to {size}, the model "
-                                 f"declares {name} {_dims_text(dims)}")
+                raise ModelError(f"the shape given for input {name!r}, {list(shape)}, sets dim {i} to {size}; "
+                                 f"the model declares {name} {_dims_text(dims)}",
+                                 remedy=_shapes_remedy({name: _fixed(shape, dims)}, "keep its fixed sizes: "))
     return shape
+
+
+def _fixed(shape, dims) -> tuple[int, ...]:
+    """``shape`` with the model's fixed sizes where it declares them."""
+    return tuple(d if isinstance(d, int) else s for s, d in zip(shape, dims))
 
 
 def _dims_text(dims) -> str:
@@ -230,17 +318,6 @@ def _describe_symbolic(inputs: dict) -> str:
         name, rest = parts[0].split(" ", 1)
         return f"input {name} has no static shape {rest}"
     return f"inputs {', '.join(parts)} have no static shape"
-
-
-def _example(inputs: dict) -> str:
-    """``shapes={'input_ids': (batch, seq)} with numbers for batch, seq`` for the inputs given."""
-    names = list(dict.fromkeys(d for dims in inputs.values() for d in dims or () if isinstance(d, str)))
-
-    def dims_text(dims) -> str:
-        parts = ["..." if dims is None else ", ".join("?" if d is None else str(d) for d in dims)]
-        return "(" + parts[0] + ("," if dims is not None and len(dims) == 1 else "") + ")"
-    example = "{" + ", ".join(f"'{n}': {dims_text(d)}" for n, d in inputs.items()) + "}"
-    return example + (f" with numbers for {', '.join(names)}" if names else "")
 
 
 def make_static(proto, shapes: Mapping[str, Sequence[int]]) -> StaticGraph:

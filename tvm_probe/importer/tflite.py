@@ -31,15 +31,16 @@ from typing import Union
 import numpy as np
 
 from ..core.errors import ModelError, ProbeError, UnsupportedOpError, one_line
+from ..core.install import install_hint
 from ..core.sources import Kind, SourceMap, SourceValue
 from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .model import ImportedModel, InputSpec, LazyArrays
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
+from .static import sizes_remedy
 
 log = logging.getLogger(__name__)
 
 ModelLike = Union[str, os.PathLike, bytes, "TFLiteModel"]
-_NO_TFLITE = "TVM's TFLite importer needs the 'tflite' package: pip install 'tvm_probe[tflite]'"
 # TFLite's TensorType codes → numpy dtypes (the types a weight buffer can hold)
 _DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16",
            9: "int8", 10: "float64", 12: "uint64", 15: "uint32", 16: "uint16"}
@@ -114,7 +115,7 @@ def require_tflite():
     try:
         import tflite
     except ImportError:
-        raise ModelError(_NO_TFLITE) from None
+        raise ModelError(f"TVM's TFLite importer needs the 'tflite' package: {install_hint('tflite')}") from None
     return tflite
 
 
@@ -412,7 +413,7 @@ def _collect(parsed: TFLiteModel, mod, converter, keys: list[str]) -> ImportedMo
 def _add_input(key: str, var, sources: SourceMap, var_keys: dict, aliases: tuple[str, ...] = ()) -> InputSpec:
     shape, dtype = tensor_info(var)
     if shape is None:
-        raise ModelError(f"input '{key}' has no static shape: pass shapes={{'{key}': (...)}}")
+        raise ModelError(f"input '{key}' has no static shape", remedy=sizes_remedy(key))
     sources.add(SourceValue(key=key, op_type="Input", kind=Kind.INPUT, shape=shape, dtype=dtype, aliases=aliases))
     var_keys.setdefault(var, []).append(key)
     return InputSpec(key, shape, dtype, aliases=aliases)
@@ -519,5 +520,5 @@ class TFLiteAdapter(ModelAdapter):
         return isinstance(model, (TFLiteModel, bytes, bytearray)) or \
             (isinstance(model, (str, os.PathLike)) and str(model).endswith(".tflite"))
 
-    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+    def import_model(self, model, shapes=None, import_fixes: bool = True, sizes=None) -> ImportedModel:
         return import_tflite(model, static_shapes(shapes))

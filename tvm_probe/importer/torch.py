@@ -648,7 +648,7 @@ class TorchAdapter(ModelAdapter):
         return torch is not None and isinstance(model, tuple) and len(model) == 2 \
             and isinstance(model[0], torch.nn.Module)
 
-    def import_model(self, model, shapes=None, import_fixes: bool = True) -> ImportedModel:
+    def import_model(self, model, shapes=None, import_fixes: bool = True, sizes=None) -> ImportedModel:
         return import_torch(*model, import_fixes=import_fixes)
 
     def default_inputs(self, model, inputs):

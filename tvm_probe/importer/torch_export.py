@@ -12,9 +12,7 @@ import warnings
 from pathlib import PurePath
 
 from ..core.errors import ModelError, one_line
-
-_NO_TORCH = "PyTorch is not installed: pip install 'tvm_probe[torch]'"
-
+from ..core.install import install_hint
 
 
 def require_torch():
@@ -22,7 +20,7 @@ def require_torch():
     try:
         import torch
     except ImportError:
-        raise ModelError(_NO_TORCH) from None
+        raise ModelError(f"PyTorch is not installed: {install_hint('torch')}") from None
     return torch
 
 

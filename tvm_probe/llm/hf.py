@@ -6,7 +6,7 @@ and decode in :mod:`tvm_probe.importer.hf`; greedy generation through the probe 
 (:mod:`.compare`), the step × layer table and plot (:mod:`.render`) and the ``tvm-probe run`` job
 (:mod:`.investigate`) in :mod:`tvm_probe.llm`.
 
-    from tvm_probe.hf import compare_generation, reference_generate
+    from tvm_probe.llm.hf import compare_generation, reference_generate
 """
 from __future__ import annotations
 

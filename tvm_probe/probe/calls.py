@@ -282,8 +282,15 @@ def compare_call(probe, reference: Mapping, call: int | None = None, name_map: M
     check").  Only the values the reference has are compared.
     """
     with probe.in_call(call) as function_probe:
-        asked = asked_values(function_probe, tuple(reference), dict(name_map or {}))
-        return measured(*gathered(function_probe, asked, lambda name, value: reference[name], atol, rtol))
+        return compare_named(function_probe, reference, name_map, atol, rtol)
+
+
+def compare_named(probe, reference: Mapping, name_map: Mapping | None = None, atol: float | None = None,
+                  rtol: float | None = None):
+    """The values ``reference`` names (after ``name_map``) of what ``probe`` serves now: a call's
+    function probe, or a probe after :meth:`~tvm_probe.Probe.run`."""
+    asked = asked_values(probe, tuple(reference), dict(name_map or {}))
+    return measured(*gathered(probe, asked, lambda name, value: reference[name], atol, rtol))
 
 
 def compare_calls(probe, references, name_map: Mapping | None = None, atol: float | None = None,

@@ -283,7 +283,7 @@ def _records(kernel: list, picked, figures, first: int, stride: int, dtypes: lis
         out.append(ValueComparison(key, name, served, dtypes[n if len(dtypes) > 1 else 0],
                                    tolerances[n if len(tolerances) > 1 else 0], figures.max_abs[at],
                                    figures.max_rel[at], figures.mean_abs[at], figures.cosine[at], figures.snr_db[at],
-                                   0, 0, 0, 0, figures.passed[at]))
+                                   0, 0, 0, 0, figures.passed[at], False, "", figures.over_tolerance[at]))
     return out
 
 

@@ -26,7 +26,7 @@ from ..importer import ImportedModel, InputSpec
 from ..importer.relax import FunctionModel, place_arguments, replace_held
 from ..kernel_map import KernelMap, PlaceKind, classify
 from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
-from .calls import CallArguments, CallLog, CallRecord, compare_call
+from .calls import CallArguments, CallLog, CallRecord, compare_call, compare_named
 from .construct import Constructors
 from .functions import KVCaches
 from .generate import generate
@@ -365,11 +365,13 @@ class Probe(Constructors, Results, Viewable):
 
     def compare(self, reference, call: int | None = None, name_map: Mapping[str, str] | None = None,
                 atol: float | None = None, rtol: float | None = None):
-        """Compare one call (default: the last) with ``reference`` (``{name: array}``, e.g. from
-        PyTorch forward hooks, by module path); ``name_map`` maps reference names to this
-        model's where the two models' paths differ.  Returns a
-        :class:`~tvm_probe.comparison.Comparison`.  :func:`tvm_probe.probe.calls.compare_calls` does
-        several calls at once (a report per call)."""
+        """Compare the values ``reference`` names (``{name: array}``, e.g. from onnxruntime or
+        PyTorch forward hooks, by module path) with the last :meth:`run`, or with call ``call``
+        (see :meth:`get`); ``name_map`` maps reference names to this model's where the two
+        models' paths differ.  Returns a :class:`~tvm_probe.comparison.Comparison`.
+        :func:`tvm_probe.probe.calls.compare_calls` does several calls at once (a report per call)."""
+        if self._serves_run(call):
+            return compare_named(self, reference, name_map, atol, rtol)
         return compare_call(self, reference, call, name_map, atol, rtol)
 
     def _function_probe(self, function: str) -> "Probe":

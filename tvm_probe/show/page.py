@@ -14,7 +14,7 @@ import re
 
 from ..comparison.verdict import Status
 from .graph import FILL, layout_svg, short_name
-from .plots import error_plot, format_time, time_plot
+from .plots import error_caption, error_plot, format_time, time_plot
 from .tables import compare_table, flat, nodes_table
 
 SHOWN_FAILURES = 10   # values out of tolerance listed before "the other N"
@@ -50,15 +50,18 @@ details.raw>div{overflow-x:auto}details.raw td{white-space:nowrap}
 .swatch{display:inline-block;width:1.4em;height:.9em;border:1px solid #424242}
 .swatch.view{border-style:dashed;background:#fff}.swatch.input{border-radius:.45em;background:#fff}
 svg.plot{max-width:100%;height:auto}
+.caption{font-size:12px;margin:.2em 0 .8em;max-width:960px}
 code{font-size:12px;overflow-wrap:normal}
 """
 
 
 # ------------------------------------------------------------------------------------ cells
 def name_html(text) -> str:
-    """A source name, escaped, that may wrap after ``/`` or a ``.`` of a module path
-    (``layers.0.mlp``, not ``0.0001``), never inside a word."""
-    return re.sub(r"(/|(?<=[A-Za-z_])\.|\.(?=[A-Za-z_]))", r"\1<wbr>", html.escape(str(text)))
+    """A source or kernel name, escaped, that may wrap after ``/``, ``_`` or a ``.`` of a module
+    path (``layers.0.mlp``, not ``0.0001``), never inside a word: TVM's fused kernel names run to
+    over 100 characters of ``op_op_op`` with no other place to break, and a cell that cannot wrap
+    spills over its neighbours (the table caps the name column's width)."""
+    return re.sub(r"(/|_|(?<=[A-Za-z_])\.|\.(?=[A-Za-z_]))", r"\1<wbr>", html.escape(str(text)))
 
 
 def format_error(x) -> str:
@@ -78,7 +81,7 @@ def _number(x, spec: str = ".3g") -> str:
 
 def html_table(rows: list[dict], columns: list[tuple], row_class=None, table_id: str = "") -> str:
     """A table of ``rows`` with ``columns`` = (header, key, how, format); how: ``name`` (wraps
-    after ``/``), ``num`` (right-aligned), ``word`` (a short term kept on one line) or ``text``."""
+    after ``/`` or ``_``), ``num`` (right-aligned), ``word`` (a short term kept on one line) or ``text``."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h, *_ in columns)
     body = []
     for row in rows:
@@ -217,7 +220,8 @@ def _what_failed(results, comparison) -> str:
 def _plots(results, comparison) -> str:
     out = ['<section id="plots"><h2>Plots</h2>']
     if comparison is not None:
-        out += ["<h3>Max abs error per value, in model order</h3>", error_plot(comparison)]
+        out += ["<h3>Error over tolerance per value, in model order</h3>", error_plot(comparison),
+                f'<p class="note caption" id="error-plot-caption">{html.escape(error_caption(comparison))}</p>']
     out += ["<h3>Time per kernel call</h3>", time_plot(results)]
     return "\n".join(out) + "</section>"
 

@@ -1,7 +1,8 @@
 """The report's two plots as inline SVG (no plotting library, nothing to fetch): the error of
-every compared value along the model, with the tolerance drawn, and the time of every kernel call.
+every compared value along the model over the allowance its tolerance gives it (what the verdict
+judges: a value passes when that ratio is at most 1), and the time of every kernel call.
 
-Both have labelled axes; the error plot's axis always reaches the tolerance line.
+Both have labelled axes; the error plot's axis always holds its line at 1.
 """
 from __future__ import annotations
 
@@ -51,46 +52,78 @@ def _axes(height: int, x_label: str, y_label: str) -> tuple[float, float, list[s
     return w, h, body
 
 
-def error_plot(comparison, height: int = 250) -> str:
-    """Dots: x = source order, y = max abs error (log scale, exact zeros on the bottom row);
-    green passed, red out of tolerance; the dashed line at each ``atol`` the values were held to
-    (a value above it can still pass through ``rtol``); the first divergent value marked."""
+#: the error plot's y axis, and what the verdict judges by (core.tolerance.within)
+ERROR_AXIS = "max |tvm − ref| / (atol + rtol·|ref|)"
+PER_PATTERN = "per-pattern tolerances where configured"  # (the end of such a Comparison.tolerance_rule)
+_ABOVE = 3.0  # px: a failed value is drawn at least this far above the line, even at 1 + 1e-16
+_PAD = 6       # px between the axes' edges and the rows of zero and infinite ratios
+
+
+def error_plot(comparison, height: int = 280) -> str:
+    """Dots: x = source order, y = each value's largest error over its allowance,
+    ``|tvm − ref| / (atol + rtol·|ref|)`` over its elements (``over_tolerance``: what the verdict
+    judges), log scale; the dashed line at 1: a value passes when it is on or below it.  Green
+    passed, red out of tolerance (always drawn above the line); values equal to the reference
+    (ratio 0) on the bottom row, infinite ratios (no allowance, NaN/Inf or shapes that disagree)
+    on a top row of their own; the first divergent value marked."""
     values = comparison.values
     if not values:
         return '<p class="note">No values were compared.</p>'
-    atols = sorted({a for a in (atol_of(v.tolerance) for v in values) if a is not None})
-    finite = [math.log10(v.max_abs) for v in values if math.isfinite(v.max_abs) and v.max_abs > 0]
-    lines = [math.log10(a) for a in atols if a > 0]
-    lo = math.floor(min(finite + lines, default=-7.0)) - 1          # the row of exact (zero) errors
-    top = max(math.ceil(max(finite, default=0.0)), math.floor(max(lines, default=lo)) + 1, lo + 2)
-    nonfinite = any(not math.isfinite(v.max_abs) for v in values)
-    top += nonfinite                                                 # the row of inf / nan errors
-    w, h, body = _axes(height, f"compared values in source order ({len(values)})", "max abs error")
-    y = lambda d: _UP + h * (top - d) / (top - lo)                   # noqa: E731
-    x = lambda i: _LEFT + w * (i + 0.5) / len(values)                 # noqa: E731
-    for d in range(lo, top + 1, max(1, math.ceil((top - lo) / 8))):
-        tick = "0" if d == lo else "inf/nan" if nonfinite and d == top else f"1e{d}"
+    ratios = [v.over_tolerance for v in values]
+    finite = [math.log10(r) for r in ratios if math.isfinite(r) and r > 0]
+    lo = math.floor(min(finite + [0.0])) - 1                       # the row of exact zeros (ratio 0)
+    hi = max(math.ceil(max(finite, default=0.0)), 1)               # a decade above the line at least
+    infinite = any(not math.isfinite(r) for r in ratios)
+    top = hi + infinite                                             # the row of infinite ratios
+    w, h, body = _axes(height, f"compared values in source order ({len(values)})", ERROR_AXIS)
+    y = lambda d: _UP + _PAD + (h - 2 * _PAD) * (top - d) / (top - lo)  # noqa: E731
+    x = lambda i: _LEFT + w * (i + 0.5) / len(values)                # noqa: E731
+    step = max(1, math.ceil((top - lo) / 8))
+    ticks = [lo] + [d for d in range(lo + 1, hi + 1) if d == 0 or (d % step == 0 and d - lo >= step / 2
+                                                                  and (not infinite or top - d >= step / 2))]
+    for d in ticks + ([top] if infinite else []):
+        tick = "0" if d == lo else "inf" if infinite and d == top else "1" if d == 0 else f"1e{d}"
         body.append(f'<line x1="{_LEFT}" x2="{_LEFT + w}" y1="{y(d):.1f}" y2="{y(d):.1f}" stroke="#e0e0e0"/>'
                     f'<text x="{_LEFT - 4}" y="{y(d) + 4:.1f}" text-anchor="end">{tick}</text>')
-    for a in atols:
-        yy = y(math.log10(a)) if a > 0 else y(lo)
-        text = f"tolerance: atol {a:g}" + (" (exact)" if a == 0 else "")
-        body.append(f'<g class="tolerance"><line x1="{_LEFT}" x2="{_LEFT + w}" y1="{yy:.1f}" y2="{yy:.1f}" '
-                    f'stroke="#6a1b9a" stroke-width="1.2" stroke-dasharray="6 3"/>'
-                    f'<text x="{_LEFT + w - 4}" y="{yy - 4:.1f}" text-anchor="end" fill="#6a1b9a">{text}</text></g>')
-    for i, v in enumerate(values):
-        d = top if not math.isfinite(v.max_abs) else lo if v.max_abs <= 0 else math.log10(v.max_abs)
-        tip = html.escape(f"{v.name}: max abs {v.max_abs:.3g}, {v.tolerance} ({v.served}){'' if v.passed else ', FAILED'}")
+    line = y(0)
+    body.append(f'<g class="tolerance"><line x1="{_LEFT}" x2="{_LEFT + w}" y1="{line:.1f}" y2="{line:.1f}" '
+                f'stroke="#6a1b9a" stroke-width="1.2" stroke-dasharray="6 3"/>'
+                f'<text x="{_LEFT + w - 4}" y="{line - 4:.1f}" text-anchor="end" fill="#6a1b9a">'
+                "tolerance: above 1 fails</text></g>")
+    for i, (v, ratio) in enumerate(zip(values, ratios)):
+        d = lo if ratio <= 0 else math.log10(ratio) if math.isfinite(ratio) else top
+        cy = y(d) if v.passed else min(y(d), line - _ABOVE)
+        tip = html.escape(f"{v.name}: error / allowance {ratio:.3g} (max abs {v.max_abs:.3g}, {v.tolerance}, "
+                          f"{v.served}){'' if v.passed else ', FAILED'}")
         if v is comparison.first_divergent:
             flip = x(i) > _LEFT + w / 2  # label on the side with room
             body.append(f'<g class="first-divergent"><line x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{_UP}" '
                         f'y2="{_UP + h}" stroke="{FAILED}" stroke-dasharray="4 3"/>'
-                        f'<text x="{x(i) + (-4 if flip else 4):.1f}" y="{_UP + 12}" fill="#c62828" '
+                        f'<text x="{x(i) + (-4 if flip else 4):.1f}" y="{y(top) + 16:.1f}" fill="#c62828" '
                         f'text-anchor="{"end" if flip else "start"}">'
                         f"first divergent: {html.escape(short_name(v.name))}</text></g>")
-        body.append(f'<circle cx="{x(i):.1f}" cy="{y(d):.1f}" r="2.5" fill="{PASSED if v.passed else FAILED}">'
-                    f"<title>{tip}</title></circle>")
-    return _svg(height, body, "max abs error per compared value", "error-plot")
+        body.append(f'<circle class="value {"passed" if v.passed else "failed"}" cx="{x(i):.1f}" cy="{cy:.1f}" '
+                    f'r="2.5" fill="{PASSED if v.passed else FAILED}"><title>{tip}</title></circle>')
+    return _svg(height, body, "error over tolerance per compared value", "error-plot")
+
+
+def error_caption(comparison) -> str:
+    """What the error plot shows, in words (plain text): the ratio, the line, the rows at the
+    edges, and whether per-pattern tolerances set some values' allowances."""
+    words = (f"Each dot is one compared value: {ERROR_AXIS} over its elements, its largest error over the "
+             "allowance the verdict gives it, on a log scale. Points above the line at 1 fail (red); on or below "
+             "it they pass (green). Values equal to the reference (ratio 0) sit on the bottom row, marked 0")
+    if any(not math.isfinite(v.over_tolerance) for v in comparison.values):
+        words += ("; values with no allowance (tolerance exact) that differ, NaN or infinities on one side "
+                  "only, or another shape, on the top row, marked inf")
+    words += "."
+    rule = comparison.tolerance_rule or ""
+    if rule.endswith(PER_PATTERN):
+        words += (" Per-pattern tolerances apply where configured: a value matching a pattern is held to that "
+                  "pattern's atol and rtol, the others to " + rule.removesuffix(PER_PATTERN).rstrip("; ") + ".")
+    elif rule:
+        words += f" Judged by {rule}."
+    return words
 
 
 def time_plot(results, height: int = 190) -> str:

@@ -29,9 +29,9 @@ copy it — weights can be gigabytes; ``model=`` / ``--model`` gives another pat
 values come from running that model (onnxruntime / TFLite) on the dump's own inputs, as
 ``tvm-probe compare`` does, unless a comparison is passed in.
 
-Needs the ``view`` extra (``pip install "tvm_probe[view]"``: ai-edge-model-explorer and
-model-explorer-onnx); without it, a one-line error says so.  Model Explorer's web app is inside
-its wheel: the view works offline.
+Needs the ``view`` extra (ai-edge-model-explorer and model-explorer-onnx); without it, a one-line
+error says so and how to install it (:func:`tvm_probe.core.install.install_hint`).  Model
+Explorer's web app is inside its wheel: the view works offline.
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ from urllib.parse import quote
 from ..comparison.dump import compare_dump, recorded_model
 from ..comparison.verdict import Status
 from ..core.errors import ProbeError
+from ..core.install import install_hint
 from ..core.sources import Kind, Served
 from ..importer.kinds import SourceGraph, adapter_of
 from ..importer.torch import node_keys
@@ -61,7 +62,6 @@ from ..store.atomic import replace_folder
 from .graph import FILL
 from .plots import atol_of
 
-INSTALL = 'pip install "tvm_probe[view]"'
 KERNEL_GRAPH = "kernels.json"
 KERNEL_GRAPH_ID = "tvm kernels"
 KERNEL_LABEL = "TVM kernels"  # the collection label: what node data of the kernel graph targets
@@ -86,7 +86,8 @@ def model_explorer():
         import model_explorer
         import model_explorer_onnx
     except ImportError as err:
-        raise ViewUnavailableError(f"the view needs Google's Model Explorer ({err.name} is missing): {INSTALL}") from None
+        raise ViewUnavailableError(f"the view needs Google's Model Explorer ({err.name} is missing): "
+                                   f"{install_hint('view')}") from None
     del model_explorer_onnx  # loaded by the server as an extension, by name
     return model_explorer
 
@@ -599,7 +600,7 @@ def _stopped_by_signals():
 
 
 # ------------------------------------------------------------------------------ quantization overlays
-#: Per-op figures of tvm_probe.quantization shown on the float model: (overlay, row column, thresholds)
+#: Per-op figures of tvm_probe.tools.quantization shown on the float model: (overlay, row column, thresholds)
 QUANTIZATION_OVERLAYS = (
     ("sqnr (dB)", "sqnr_db", [{"value": 10, "bgColor": FAILED}, {"value": 20, "bgColor": NEAR},
                               {"value": _HUGE, "bgColor": PASSED}]),
@@ -614,7 +615,7 @@ def export_quantization(comparison, folder, sensitivity=None, overwrite: bool = 
     """Write the float model and Model Explorer overlays of a quantization comparison (and ranking)
     into ``folder``: per quantized op, its SQNR, TVM against onnxruntime, and (with ``sensitivity``)
     the outputs' SQNR and gain with that op in float.  Returns the ``model-explorer`` command
-    line that loads them.  ``comparison`` is :func:`tvm_probe.quantization.compare_quantized`'s."""
+    line that loads them.  ``comparison`` is :func:`tvm_probe.tools.quantization.compare_quantized`'s."""
     import onnx
 
     model_explorer()

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..core.errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, one_line
+from ..core.errors import CorruptDumpError, DumpError, DumpExistsError, NotCapturedError, Remedy, one_line
 from ..core.records import AppliedFix, CompileWarning
 from ..core.results import NodeInfo, Results, not_computed
 from ..core.sources import Kind, Served, Serving, Servings, SourceMap, SourceValue
@@ -265,6 +265,12 @@ def load_dump(path) -> "DumpReader":
     return DumpReader(Path(path))
 
 
+#: What a dump argument should be, in Python's and the command line's words.
+_WRITTEN_BY_US = Remedy("give the folder written by probe.dump() or by TVM's debug executor",
+                        cli="give the dump folder tvm-probe run wrote (output.dump; tvm_probe_out/MODEL/dump for a "
+                            "model file) or one TVM's debug executor wrote")
+
+
 class DumpReader(Results, Viewable):
     """A dump read back: the same ``get`` / ``get_all`` / ``get_node_output`` / tables as a Probe.
 
@@ -280,7 +286,7 @@ class DumpReader(Results, Viewable):
 
     def __init__(self, root: Path):
         if not root.is_dir():
-            raise DumpError(f"dump folder '{root}' does not exist: give the folder written by probe.dump()")
+            raise DumpError(f"dump folder '{root}' does not exist", remedy=_WRITTEN_BY_US)
         self.root = root
         self.metadata, self.model_hash, self.target, self.pipeline = {}, "", None, None
         self.notes: list[str] = []
@@ -291,7 +297,7 @@ class DumpReader(Results, Viewable):
             if device_dir is None:
                 raise CorruptDumpError(
                     f"'{root}' is not a dump: '{MANIFEST}' is missing and there is no _tvmdbg_device_* folder "
-                    "of TVM's debug executor: give the folder written by probe.dump() or by TVM's debug executor")
+                    "of TVM's debug executor", remedy=_WRITTEN_BY_US)
             self._read_tvm_dump(device_dir)
             log.warning("%s: %s", root, self.notes[0])  # source names are not known: users must see it
             for note in self.notes[1:]:

@@ -15,7 +15,7 @@
 // (`vm.set_instrument("tvm_probe.capture.instrument", session)`), in this process or in an RPC
 // server that loaded this library: sessions are held in a table and named by an integer.  The
 // functions marked (RPC) take and return only what TVM RPC carries (integers, strings, tensors),
-// so a client drives a session in a server process with them (tvm_probe/remote/).
+// so a client drives a session in a server process with them (tvm_probe/capture/remote/).
 //
 // On a device other than the CPU, a plan can ask for a device sync around every kernel call, so
 // that the times are device times (host clock around a device sync; CUDA launches are async),
@@ -47,7 +47,7 @@
 //                                                         checks, copies and run in one native call
 //   tvm_probe.capture.close_switch(switch)                forget the switch (its hooks keep it)
 //
-// Hooks instead of an instrument (tvm_probe/kernel_hook.py): a VM made with some kernels
+// Hooks instead of an instrument (tvm_probe/capture/kernel_hook.py): a VM made with some kernels
 // replaced by hooks calls the session only around those kernels, with no instrument dispatch
 // on any VM instruction; the bookkeeping (Session::Before / After) is the instrument's own.
 #include <tvm/ffi/any.h>
@@ -181,7 +181,7 @@ void IndexOccurrences(Plan* plan) {
 }
 
 /*!
- * \brief Parse the whitespace-separated plan written by tvm_probe/native/__init__.py:
+ * \brief Parse the whitespace-separated plan written by tvm_probe/capture/native/__init__.py:
  *
  *   tvm_probe.plan.2 <arena_bytes> <signal_check_ms> <sync_device_type> <sync_device_id>
  *   <num_symbols> <symbol>...        (a sync_device_type of 0: no sync)
@@ -803,7 +803,7 @@ class Registry {
 
 /*!
  * \brief Which session the hooked kernels of one VM report to: none between runs (they then
- * call their kernel and nothing else).  A VM whose kernels are hooks (tvm_probe/kernel_hook.py)
+ * call their kernel and nothing else).  A VM whose kernels are hooks (tvm_probe/capture/kernel_hook.py)
  * has one switch; a run (HookedCall) points it at the session of its plan, and back at none after.
  */
 struct HookSwitch {

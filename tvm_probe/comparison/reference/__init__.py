@@ -141,7 +141,7 @@ def register_reference(reference: Reference, replace: bool = False) -> Reference
             replace it on purpose).
     """
     if not isinstance(reference, Reference) or not reference.name or not reference.model_kinds:
-        raise ProbeError(f"{reference!r} is not a usable reference: subclass tvm_probe.reference.Reference "
+        raise ProbeError(f"{reference!r} is not a usable reference: subclass tvm_probe.Reference "
                          "and set name and model_kinds")
     if is_no_reference(reference.name):
         raise ProbeError(f"reference name {reference.name!r} is reserved (no reference): pick another name")

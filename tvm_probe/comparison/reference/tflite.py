@@ -23,12 +23,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...core.errors import InputError, ModelError, ProbeError, one_line
+from ...core.install import install_hint
 from ...core.tolerance import Tolerance
 from ...importer.tflite import load_tflite, signature_keys, tensor_keys
 from ..verdict import Comparison, compare_arrays
-
-_NO_INTERPRETER = ("no TFLite interpreter is installed: pip install 'tvm_probe[tflite]' "
-                   "(ai-edge-litert; tflite-runtime or tensorflow work too)")
 
 
 def _interpreter_module():
@@ -41,7 +39,8 @@ def _interpreter_module():
     try:
         import tensorflow as tf
     except ImportError:
-        raise ModelError(_NO_INTERPRETER) from None
+        raise ModelError(f"no TFLite interpreter is installed: {install_hint('tflite')} "
+                         "(ai-edge-litert; tflite-runtime or tensorflow work too)") from None
     return tf.lite
 
 

@@ -3,7 +3,7 @@ quantized model as the runtime that made it runs it.
 
 ONNX QDQ models (:mod:`.onnx_qdq`, :mod:`.qdq_graph`)::
 
-    from tvm_probe.quantization import compare_quantized, sensitivity
+    from tvm_probe.tools.quantization import compare_quantized, sensitivity
     report = compare_quantized(float_model, qdq_model, inputs)   # per op: SQNR, TVM vs onnxruntime
     ranking = sensitivity(float_model, qdq_model, inputs)         # per op: outputs' SQNR with it in float
     ranking.keep_float(target_sqnr_db=30)                         # ops to leave in float
@@ -11,7 +11,7 @@ ONNX QDQ models (:mod:`.onnx_qdq`, :mod:`.qdq_graph`)::
 LLM weight-only quantization as MLC-LLM deploys it (:mod:`.llm`; the build itself is
 ``Probe.from_hf(model, quantize="q4f32_1" | "q4f16_1" | QuantSpec(...))``)::
 
-    from tvm_probe.quantization import sensitivity_hf
+    from tvm_probe.tools.quantization import sensitivity_hf
     table = sensitivity_hf(model, "q4f32_1", prompt=ids, steps=8).table()  # per module: KL, first step off
 """
 

@@ -1,7 +1,7 @@
 """Reduce: the smallest ONNX sub-model on which TVM still fails the same way, written as a
 standalone reproduction ready to paste into a TVM issue.
 
-    from tvm_probe.reduce import reduce
+    from tvm_probe.tools.reduce import reduce
     result = reduce("model.onnx", inputs, pipeline="fused", out_dir="repro/")
     result.summary()   # "reduced 23 nodes to 1 (Relu 'bug/relu') in 6.1 s, 4 sub-models tried: ..."
 
