@@ -6,9 +6,11 @@ config key that changes them; ``--write-config`` writes the YAML the run stands 
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,6 +21,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from tvm_probe import Probe, demo, load_dump, onnxruntime_values
+
+ROOT = Path(__file__).parents[2]
 
 
 def tf2onnx_like(path):
@@ -48,8 +52,10 @@ def tf2onnx_like(path):
 
 
 def tvm_probe(*args, cwd) -> subprocess.CompletedProcess:
-    """``tvm-probe ARGS`` in a fresh process started in ``cwd`` (where ./tvm_probe_out goes)."""
-    return subprocess.run([sys.executable, "-m", "tvm_probe.app.cli", "-q", *map(str, args)], cwd=cwd,
+    """``tvm-probe ARGS`` in a fresh process started in ``cwd`` (where ./tvm_probe_out goes), with
+    this checkout's tvm_probe."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "tvm_probe.app.cli", "-q", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True)
 
 
@@ -125,3 +131,19 @@ def test_the_demo_prints_no_raw_tvm_warning_and_titles_its_table(tmp_path):
     assert "TVM printed 1 warning while compiling: see Build notes in " in done.stdout
     assert "Fast mode segfaults" not in done.stdout
     assert "largest 5 errors of " in done.stdout
+
+
+def test_a_saved_torch_program_runs_with_its_example_inputs_and_module_paths(tmp_path):
+    torch = pytest.importorskip("torch")
+    from support.torch_models import tiny_torch_cnn
+
+    module, args = tiny_torch_cnn(batch=1)
+    torch.export.save(torch.export.export(module, args), tmp_path / "cnn.pt2")
+    done = tvm_probe("run", "cnn.pt2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^all \d+ compared values within tolerance", done.stdout, re.M)  # against eager PyTorch
+    dump = load_dump(tmp_path / "tvm_probe_out" / "cnn" / "dump")
+    np.testing.assert_array_equal(*dump.inputs.values(), args[0].numpy())  # the program's own example input
+    with torch.no_grad():
+        expected = module.conv1(args[0]).numpy()
+    np.testing.assert_allclose(dump.get("conv1"), expected, atol=1e-5)  # by the module path the user has

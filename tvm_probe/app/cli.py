@@ -1,7 +1,7 @@
 """The ``tvm-probe`` command line: parses arguments, calls one function, prints its result.
 
     tvm-probe run CONFIG|MODEL_FILE [--shapes X=AxB] [--inputs F.npz] [--write-config F]   the main job:
-                                                probe, dump, compare, report (a .onnx/.tflite file needs no config)
+                                                probe, dump, compare, report (a .onnx/.tflite/.pt2 file needs no config)
     tvm-probe ls DUMP [PATTERN] [--op TYPE]     list source values in a dump (any of their names; by op type)
     tvm-probe get DUMP NAME [-o x.npy]          print or save one value
     tvm-probe compare DUMP                      compare a dump with the reference of its model
@@ -22,6 +22,7 @@ Global options (-q, -v) go before or after the command.  The work itself lives i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -111,10 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     run = command("run", help="run the investigation a YAML config describes, or on a model file (the main job)",
                   description="Import and compile the model, run it once capturing intermediates, write the "
                               "dump, compare with the reference, write the report.  A model file (.onnx, "
-                              ".tflite) needs no config: random inputs from the model's own types, the kind's "
-                              "reference (onnxruntime, TFLite), output under ./tvm_probe_out/<model name>/.",
+                              ".tflite, a torch.export.save program .pt2) needs no config: random inputs from the "
+                              "model's own types (a .pt2: its example inputs), the kind's reference (onnxruntime, "
+                              "TFLite, PyTorch), output under ./tvm_probe_out/<model name>/.",
                   epilog=EXIT_HELP)
-    _config_arguments(run, "a YAML config (see configs/example.yaml) or a model file (.onnx, .tflite)")
+    _config_arguments(run, "a YAML config (see configs/example.yaml) or a model file (.onnx, .tflite, .pt2)")
     run.add_argument("--shapes", action="append", default=[], metavar="NAME=AxB",
                      help="sizes for an input with unknown dimensions, e.g. --shapes input_ids=1x128 (repeat per "
                           "input; the key model.shapes; default: as TVM imports it, else 1 or the --inputs sizes)")
@@ -563,10 +565,10 @@ def main(argv=None) -> int:
 
     args = _parser().parse_args(argv)
     args.terms = Terms(RUN_FLAGS)  # a run knows its config's file and lines once it read it
-    _log_in_cli_terms(args)
     progress = Progress(enabled=False if args.quiet else None)
     try:
-        status = _COMMANDS[args.command](args, progress)
+        with _logging_in_cli_terms(args):
+            status = _COMMANDS[args.command](args, progress)
     except TVMError as err:
         status = _error(f"TVM failed: {err.said(args.terms)}", Exit.TVM_FAILED, err)
     except ProbeError as err:
@@ -598,18 +600,25 @@ class _CliTerms(logging.Formatter):
         return f"tvm-probe: {notice.notice(self.args.terms)}"
 
 
-def _log_in_cli_terms(args) -> None:
-    """tvm_probe's warnings (every record with -v) on stderr, in the command line's terms."""
+@contextlib.contextmanager
+def _logging_in_cli_terms(args):
+    """While a command runs: tvm_probe's warnings (every record with -v) on stderr, in the
+    command line's terms; the logger is as it was afterwards (main() may run again in a process)."""
+    logger = logging.getLogger("tvm_probe")
+    saved = logger.propagate, logger.level
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_CliTerms(args))
-    root = logging.getLogger("tvm_probe")
-    for old in [h for h in root.handlers if isinstance(h.formatter, _CliTerms)]:
-        root.removeHandler(old)  # main() called again in one process (tests)
-    root.addHandler(handler)
-    root.propagate = False
-    root.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logger.addHandler(handler)
+    logger.propagate = False  # (with -v the root logger prints too: once is enough)
+    logger.setLevel(logging.INFO if args.verbose else logging.WARNING)
     if args.verbose:  # TVM's own Python loggers too
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = saved[0]
+        logger.setLevel(saved[1])
 
 
 def console_main() -> None:

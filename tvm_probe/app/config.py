@@ -5,6 +5,7 @@ Schema (``configs/example.yaml`` shows every key with comments)::
     model:      {onnx: PATH, shapes: {input: [dims]}}  |  {demo: {preset: tiny|bert-base, <size>: ...}}
                 |  {tflite: PATH, shapes: {input: [dims]}}
                 |  {torch: "FILE.py:FUNCTION" or "package.module:FUNCTION"}  (returns (module, example_inputs))
+                |  {torch: PROGRAM.pt2}  (saved by torch.export.save, with its example inputs)
                 |  {hf: "FILE.py:FUNCTION"}  (returns a transformers *ForCausalLM; needs generate:)
     generate:   {prompt: [ids] | random, steps: N, seed: S, length: L}   (model: {hf: ...} only)
     inputs:     {NAME: {random: {seed, shape, dtype, low, high}} | {file: PATH.npy|PATH.npz, key: K}}
@@ -475,8 +476,11 @@ class _Validator:
         return dict(demo)
 
     def factory(self, value, keys: tuple) -> str | None:
-        """``"FILE.py:FUNCTION"`` (the file resolved against the config's folder) or
-        ``"package.module:FUNCTION"``."""
+        """``"FILE.py:FUNCTION"`` (the file resolved against the config's folder),
+        ``"package.module:FUNCTION"``, or (torch) a program saved by ``torch.export.save``."""
+        if isinstance(value, str) and value.endswith(".pt2") and keys[-1] == "torch":
+            path = self.existing_file(value, keys)
+            return str(path) if path else None
         where, sep, func = value.rpartition(":") if isinstance(value, str) else ("", "", "")
         if not sep or not where or not func.isidentifier():
             self.fail(keys, f"must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {value!r}")

@@ -75,7 +75,7 @@ def import_model(spec: ModelSpec, model, import_fixes: bool = True, sizes=None):
 def build_probe(config: Config, model, progress: Progress):
     """Import ``model``, check the config against it, compile it; return the probe and inputs."""
 
-    files = {src.name: src.load() for src in config.inputs if src.file is not None}
+    files = _file_inputs(config)
     sizes = {**{src.name: src.random["shape"] for src in config.inputs if (src.random or {}).get("shape")},
              **{name: array.shape for name, array in files.items()}}
     with progress.stage("import"):
@@ -91,6 +91,11 @@ def build_probe(config: Config, model, progress: Progress):
         probe = Probe.from_imported(imported, config.target, config.pipeline, remote=remote,
                                     precision=config.precision)
     return probe, inputs
+
+
+def _file_inputs(config: Config) -> dict[str, np.ndarray]:
+    """The config's inputs given as files, read."""
+    return {src.name: src.load() for src in config.inputs if src.file is not None}
 
 
 def _check_capture(config: Config, imported) -> None:
@@ -109,9 +114,10 @@ def _check_capture(config: Config, imported) -> None:
             raise ConfigError(f"{config.at('capture')}: {err}") from None
 
 
-def _inputs(config: Config, imported, model, files: dict) -> dict[str, np.ndarray]:
-    """Inputs from the config (``files``: those read from files already); the demo model or the
-    torch factory fills in what it leaves out, or ``inputs: random`` draws them."""
+def _inputs(config: Config, imported, model, files: dict | None = None) -> dict[str, np.ndarray]:
+    """Inputs from the config (``files``: those read from files already, else read here); the demo
+    model or the torch factory fills in what it leaves out, or ``inputs: random`` draws them."""
+    files = _file_inputs(config) if files is None else files
     specs = {s.name: s for s in imported.inputs}
     given = {src.name: src for src in config.inputs}
     unknown = [n for n in given if n not in specs]

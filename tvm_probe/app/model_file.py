@@ -15,14 +15,14 @@ from .config import Config, ConfigError, config_from_data
 
 
 #: The model files ``tvm-probe run`` takes without a config, by suffix: their config kind.
-MODEL_FILE_KINDS = {".onnx": "onnx", ".tflite": "tflite"}
+MODEL_FILE_KINDS = {".onnx": "onnx", ".tflite": "tflite", ".pt2": "torch"}
 #: Where a model file's run writes, under the working folder: ``OUTPUT_ROOT/<model stem>/``.
 OUTPUT_ROOT = Path("tvm_probe_out")
 
 
 def model_file_data(model: Path) -> dict:
     """The config a model file stands for (before overrides): the file, random inputs from the
-    model's own types, the kind's default reference, dump and report under
+    model's own types (a saved torch program: its example inputs), the kind's default reference, dump and report under
     ``tvm_probe_out/<model stem>/`` (replaced by the next run of the same model)."""
     kind = MODEL_FILE_KINDS.get(model.suffix.lower())
     if kind is None:
@@ -31,9 +31,12 @@ def model_file_data(model: Path) -> dict:
     if not model.is_file():
         raise ConfigError(f"model file '{model}' does not exist: check the path")
     out = OUTPUT_ROOT / model.stem
-    return {"model": {kind: str(model.resolve())}, "inputs": "random",
+    data = {"model": {kind: str(model.resolve())}, "inputs": "random",
             "output": {"dump": str((out / "dump").resolve()), "report": str((out / "report").resolve()),
                        "overwrite": True}}
+    if kind == "torch":  # a saved program holds the inputs it was exported with: those
+        del data["inputs"]
+    return data
 
 
 def config_for_model(model, overrides=()) -> tuple[Config, dict]:

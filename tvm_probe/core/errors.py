@@ -91,6 +91,12 @@ class ProbeError(Exception):
             args = (f"{self.problem}: {remedy.python}",)
         super().__init__(*args)
 
+    def with_remedy(self, remedy: Remedy) -> "ProbeError":
+        """This error, with ``remedy``: a fix known only above where it was raised."""
+        self.problem, self.remedy = str(self), remedy
+        self.args = (f"{self.problem}: {remedy.python}",)
+        return self
+
     def said(self, terms: Terms | None = None) -> str:
         """The message in ``terms`` (:class:`Terms`; Python's when None)."""
         if self.remedy is None or terms is None:

@@ -95,8 +95,18 @@ class PinnedInput:
         (in ``terms``: the CLI flag or YAML key)."""
         chosen = ", ".join(f"dimension {axis} ({label}) set to {self.shape[axis]}" for axis, label in self.dims)
         why = " (the size of the input given)" if self.from_inputs else ""
-        example = "x".join(map(str, self.shape))
-        remedy = Remedy(f"choose with shapes={{{self.name!r}: {self.shape}}}", key=f"model.shapes.{self.name}",
-                        value=str(list(self.shape)), flag=f"--shapes {self.name}={example}")
-        said = remedy.said(terms)
+        said = self.remedy("choose with ").said(terms)
         return f"{self.name}: {chosen}{why}; " + (said if terms is None else f"to choose, {said}")
+
+    def remedy(self, lead: str) -> Remedy:
+        """Other sizes for this input: ``shapes=`` (Python; ``lead`` before it), ``model.shapes``, ``--shapes``."""
+        return Remedy(f"{lead}shapes={{{self.name!r}: {self.shape}}}", key=f"model.shapes.{self.name}",
+                      value=str(list(self.shape)), flag=f"--shapes {self.name}={'x'.join(map(str, self.shape))}")
+
+
+def built_for_pinned(pinned) -> Remedy:
+    """For a failure of a model built with sizes chosen for its unknown dimensions
+    (:class:`PinnedInput`\\ s): those sizes may be the cause; give the model's own."""
+    shown = ", ".join(f"{p.name} {list(p.shape)}" for p in pinned)
+    return pinned[0].remedy(f"it was built with sizes chosen for dimensions the model leaves unknown ({shown}): "
+                            "give sizes it takes with ")

@@ -36,7 +36,7 @@ from .fixes import BOOL_COMPARE_CONSTANT, BOOL_COMPARE_CONVERTERS, TORCH_FIXES, 
 from .model import ImportedModel, InputSpec
 from .module_paths import module_outputs, module_path, relative_to, unrecorded_modules
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
-from .torch_export import _FIRST_OUTPUTS, export_program, stack_origin
+from .torch_export import _FIRST_OUTPUTS, export_program, require_torch, stack_origin
 
 
 def import_torch(module, example_inputs, import_fixes: bool = True, dynamic_shapes=None,
@@ -622,12 +622,30 @@ def model_hash(program, weights: dict | None = None) -> str:
 
 
 
+def load_saved_program(path) -> tuple:
+    """``(module, example_inputs)`` of a program saved with ``torch.export.save`` (``.pt2``): the
+    program's module (its submodules keep their paths) and the inputs it was exported with."""
+    torch = require_torch()
+    try:
+        program = torch.export.load(str(path))
+    except Exception as err:  # not a saved program, or saved by another torch
+        raise ModelError(f"torch.export.load cannot read '{path}': {one_line(err)}") from None
+    args, kwargs = program.example_inputs or ((), {})
+    if kwargs or not args:
+        raise ModelError(f"'{path}' holds no positional example inputs (kwargs: {sorted(kwargs)}): export it "
+                         "with torch.export.export(module, args) and save that")
+    return program.module(), tuple(args)
+
+
 class TorchAdapter(ModelAdapter):
-    """PyTorch modules: ``(module, example_inputs)``; in a config, a factory returning them."""
+    """PyTorch modules: ``(module, example_inputs)``; in a config, a factory returning them or a
+    program saved with ``torch.export.save`` (``.pt2``)."""
 
     kind, described, reference, config, graph = "torch", "a PyTorch model", "torch", "factory", "torch"
 
     def load(self, source, shapes=None):
+        if str(source).endswith(".pt2"):
+            return load_saved_program(source)
         result = load_factory(source, self.kind)()
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ModelError(f"model.torch: {source!r} must return (module, example_inputs), "

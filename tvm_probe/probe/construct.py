@@ -13,7 +13,8 @@ from typing import Mapping, Sequence, TypeVar
 from ..build.compile import PipelineLike
 from ..build.precision import lower_precision
 from ..capture.remote import connect
-from ..core.errors import ModelError, ProbeError
+from ..core.errors import ModelError, ProbeError, TVMError
+from ..core.records import built_for_pinned
 from ..core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET
 from ..diagnose import compile_with_snapshots
 from ..importer import ImportedFunctions, ImportedModel, adapter_for, adapter_of
@@ -44,6 +45,8 @@ class Constructors:
                 ``tvm.transform.Pass``.
             shapes: static shapes for inputs declared with symbolic dimensions (the shape
                 arithmetic they fix is folded before TVM sees the model; see importer/static.py).
+                Without it, such dimensions stay symbolic where TVM's importer follows them, and
+                are pinned to 1 where it cannot (a warning names each; ``probe.imported.pinned``).
             import_fixes: rewrite the constructs TVM 0.27 cannot build (importer/fixes.py);
                 :attr:`import_fixes` lists those used.  Defaults to True.
             remote: run on a remote device over TVM RPC: ``{"host": H, "port": P}`` or
@@ -195,5 +198,10 @@ class Constructors:
         lowered = None
         if precision is not None:
             imported, lowered = lower_precision(imported, precision)
-        built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
+        try:
+            built = compile_with_snapshots(imported.mod, target, pipeline, imported=imported)
+        except TVMError as err:  # sizes tvm_probe chose (1) may not fit the model (a CNN's width)
+            if imported.pinned and err.remedy is None:
+                raise err.with_remedy(built_for_pinned(imported.pinned)) from None
+            raise
         return cls(imported, built, build_kernel_map(imported, built.snapshots), remote=remote, precision=lowered)
