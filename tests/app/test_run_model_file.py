@@ -101,6 +101,9 @@ def test_a_dynamo_export_with_a_dynamic_batch_runs_without_shapes(tmp_path):
     done = tvm_probe("run", model, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "compared values within tolerance" in done.stdout
+    # built symbolic (TVM follows the batch), so the random input takes a size, and says which
+    assert done.stderr.startswith("tvm-probe: image: dimension 0 (batch) set to 1; to choose, give --shapes "
+                                  "image=1x3x16x16"), done.stderr
 
 
 def test_shape_and_dtype_errors_name_the_flag_or_the_yaml_key_and_line(tmp_path):

@@ -72,13 +72,20 @@ class FunctionModel(ImportedModel):
 
 
 def public_functions(mod) -> list[str]:
-    """Names of the Relax functions the executable exposes (those with a ``global_symbol``)."""
+    """Names of the Relax functions the executable exposes, ``main`` first.
+
+    Those with a ``global_symbol``, and those without one that no function of the module calls:
+    ``tvm.IRModule({"main": func})`` (as bug reports build modules) is built and run by
+    ``tvm.compile``, whose AttachGlobalSymbol names every function after its GlobalVar.  A
+    function another one calls and that has no ``global_symbol`` (TVMScript's ``private=True``)
+    is a helper, not an entry point (AttachGlobalSymbol exposes it too; calling it alone is not
+    what the module is for)."""
     from tvm import relax
 
-    names = []
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs:
-            names.append(gv.name_hint)
+    functions = {gv.name_hint: func for gv, func in mod.functions.items() if isinstance(func, relax.Function)}
+    called = {gv.name_hint for func in functions.values() for gv in relax.analysis.all_global_vars(func)}
+    names = [name for name, func in functions.items()
+             if (func.attrs is not None and "global_symbol" in func.attrs) or name not in called]
     return sorted(names, key=lambda n: (n != "main", n))
 
 

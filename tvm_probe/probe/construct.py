@@ -175,8 +175,8 @@ class Constructors:
         the first is the one returned (:attr:`functions` has them all)."""
         models = functions.models
         if not models:
-            raise ModelError("the module has no public Relax function (one with a global_symbol) to run: "
-                             "build it with relax.BlockBuilder.function or give its functions a global_symbol")
+            raise ModelError("the module has no Relax function to run (every one is called by another): "
+                             "give the entry function a global_symbol")
         built = compile_with_snapshots(functions.mod, target, pipeline)
         hold_on_device(models, built.device)
         probes = {}
