@@ -14,6 +14,7 @@ Everything else is :mod:`.relax`'s: one :class:`~.relax.FunctionModel` per expor
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any, Mapping
 
@@ -22,6 +23,7 @@ import numpy as np
 from ..core.errors import ModelError, one_line
 from .adapter import ImportedFunctions, ModelAdapter
 from .relax import FunctionModel, import_relax, public_functions, with_module_paths
+from .tensor_cache import load_tensor_cache
 
 
 def import_nn(module, spec, params: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, FunctionModel]]:
@@ -35,6 +37,8 @@ def import_nn(module, spec, params: Mapping[str, Any] | None = None) -> tuple[An
 
     if not isinstance(module, nn.Module):
         raise ModelError(f"cannot export a {type(module).__name__}: pass a tvm.relax.frontend.nn.Module")
+    if isinstance(params, (str, os.PathLike)):  # MLC's weights on disk
+        params = _fitting(load_tensor_cache(params), module, params)
     params = _check_params(dict(params or {}), [n for n, _ in module.named_parameters()])
     paths = _module_paths(module)
     calls: list[tuple[str, Any]] = []
@@ -63,6 +67,21 @@ def import_nn(module, spec, params: Mapping[str, Any] | None = None) -> tuple[An
         model = import_relax(mod, given, function, param_names=param_names, item_names=item_names)
         models[function] = with_module_paths(model, _last_per_function(calls, model))
     return mod, models
+
+
+def _fitting(weights: dict, module, path) -> dict:
+    """The weights of a tensor cache, each checked against the parameter of ``module`` it fills:
+    every parameter is there, with its shape and dtype."""
+    for name, param in module.named_parameters():
+        if name not in weights:
+            raise ModelError(f"params: the tensor cache '{path}' has no weight '{name}' (it has "
+                             f"{len(weights)} weights, e.g. {', '.join(list(weights)[:3])})")
+        want = (tuple(param.shape), str(param.dtype))
+        got = (weights[name].shape, str(weights[name].dtype))
+        if all(isinstance(d, int) for d in want[0]) and got != want:
+            raise ModelError(f"params: '{name}' in the tensor cache '{path}' is {got[1]} {list(got[0])}; the model's "
+                             f"parameter is {want[1]} {list(want[0])}")
+    return weights
 
 
 def _check_params(params: dict, names: list[str]) -> dict:

@@ -125,8 +125,11 @@ class Constructors:
             spec: what ``export_tvm`` takes (a ``ModuleSpec`` or its dict form), with
                 ``param_mode`` ``"plain"`` or ``"packed"``.
             params: ``{dotted name: array}``: the weights, passed by the probe at every call (then
-                callers pass only the inputs).  Without them, pass the weights as the compiled
-                function takes them (plain: one argument each; packed: one list of tensors).
+                callers pass only the inputs); or the folder (or ``tensor-cache.json``) of weights
+                as MLC stores them (``tvm.contrib.tvmjs.dump_tensor_cache``: raw or float32 as
+                bfloat16), every parameter checked against the model.  Without them, pass the
+                weights as the compiled function takes them (plain: one argument each; packed: one
+                list of tensors).
             target, pipeline: as for :meth:`from_onnx`.
         """
         return cls.from_model(module, "nn", target, pipeline, spec=spec, params=params)
