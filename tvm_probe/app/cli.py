@@ -257,15 +257,13 @@ def _cmd_run(args, progress) -> int:
 
 
 def _build_notes(probe, page, verbose: bool) -> list[str]:
-    """The import fixes the model needed (a line each: tvm_probe changed what TVM imports) and
-    TVM's compile warnings: every one with -v, else one line saying where they are."""
-    fixes = [fix.summary() for fix in probe.import_fixes]
-    warned = probe.compile_warnings
+    """``probe.findings()``: a line per import fix the model needed (tvm_probe changed what TVM
+    imports), then per compile warning — those with -v only, else one line saying where they are."""
+    lines, warned = probe.findings(), len(probe.compile_warnings)
     if verbose or not warned:
-        return fixes + [w.summary(probe.sources_map) for w in warned]
+        return lines
     where = f"see Build notes in {page}" if page is not None else "tvm-probe run -v shows them"
-    plural = "s" if len(warned) != 1 else ""
-    return fixes + [f"TVM printed {len(warned)} warning{plural} while compiling: {where}"]
+    return lines[:-warned] + [f"TVM printed {warned} warning{'s' if warned != 1 else ''} while compiling: {where}"]
 
 
 def _print_worst(comparison, n: int = 5) -> None:

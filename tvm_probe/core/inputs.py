@@ -10,6 +10,7 @@ import numpy as np
 
 from .dtypes import numpy_dtype
 from .errors import InputError, Remedy
+from .records import shapes_remedy
 
 
 def check_inputs(specs, inputs, allow_nonfinite: bool = False) -> list[np.ndarray]:
@@ -115,10 +116,8 @@ def _pinned_remedy(spec, shape) -> Remedy | None:
     if not spec.pinned or len(shape) != len(spec.shape) or any(
             got != want for axis, (got, want) in enumerate(zip(shape, spec.shape)) if axis not in spec.pinned):
         return None
-    shape = tuple(int(s) for s in shape)
-    return Remedy(f"the model leaves those sizes unknown and was built for {list(spec.shape)}: build it for "
-                  f"yours, with shapes={{{spec.name!r}: {shape}}}", key=f"model.shapes.{spec.name}",
-                  value=str(list(shape)), flag=f"--shapes {spec.name}={'x'.join(map(str, shape))}")
+    return shapes_remedy(spec.name, shape, f"the model leaves those sizes unknown and was built for "
+                                           f"{list(spec.shape)}: build it for yours, with ")
 
 
 def _check_ids(spec, array: np.ndarray) -> None:

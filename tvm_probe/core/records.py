@@ -99,9 +99,22 @@ class PinnedInput:
         return f"{self.name}: {chosen}{why}; " + (said if terms is None else f"to choose, {said}")
 
     def remedy(self, lead: str) -> Remedy:
-        """Other sizes for this input: ``shapes=`` (Python; ``lead`` before it), ``model.shapes``, ``--shapes``."""
-        return Remedy(f"{lead}shapes={{{self.name!r}: {self.shape}}}", key=f"model.shapes.{self.name}",
-                      value=str(list(self.shape)), flag=f"--shapes {self.name}={'x'.join(map(str, self.shape))}")
+        """Other sizes for this input (:func:`shapes_remedy`, ``lead`` before ``shapes=``)."""
+        return shapes_remedy(self.name, self.shape, lead)
+
+
+def shapes_remedy(name: str, shape, lead: str = "pass ") -> Remedy:
+    """Build input ``name`` for ``shape``: ``shapes=`` in Python (after ``lead``), the key
+    ``model.shapes.NAME`` in a config, ``--shapes NAME=AxB`` on the command line."""
+    shape = tuple(int(s) for s in shape)
+    return Remedy(f"{lead}shapes={{{name!r}: {shape}}}", key=f"model.shapes.{name}", value=str(list(shape)),
+                  flag=f"--shapes {name}={'x'.join(map(str, shape))}")
+
+
+def sizes_remedy(name: str) -> Remedy:
+    """Give the sizes of input ``name`` (whose rank is not known either)."""
+    return Remedy(f"pass shapes={{{name!r}: (...)}} with its sizes", key=f"model.shapes.{name}", value="[...]",
+                  flag=f"--shapes {name}=AxB")
 
 
 def built_for_pinned(pinned) -> Remedy:

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence, Union
 
 from ..core.errors import ModelError, ProbeError, TVMImportError, UnsupportedOpError, one_line
 from ..core.native_log import native_log_to_logging, release_native
+from ..core.records import sizes_remedy
 from ..core.sources import Kind, SourceMap, SourceValue
 from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .fixes import FixLog, OnnxNode, off_hint, onnx_fix_for
@@ -35,7 +36,7 @@ from .module_paths import module_outputs
 from .onnx_graph import node_inputs
 from .relax_values import binding_of_value, const_value, dim_of, follow_aliases, tensor_info, type_info
 from .static import (GraphView, fill_unknown_dims, inferred_ranks, make_static, name_unknown_dims, pin_inputs,
-                     sizes_remedy, symbolic_inputs)
+                     symbolic_inputs)
 
 log = logging.getLogger(__name__)
 

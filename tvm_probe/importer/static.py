@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..core.errors import ModelError, Remedy
-from ..core.records import PinnedInput
+from ..core.records import PinnedInput, shapes_remedy
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,8 @@ def pin_inputs(graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[in
                 if seen[0] != size:
                     raise ModelError(f"shapes gives dimension '{dim}' size {size} in {name!r} but {seen[0]} "
                                      f"in {seen[1]!r}, which the model declares as one dimension",
-                                     remedy=_shapes_remedy({name: _with(shape, declared[name], dim, seen[0])},
-                                                           "give them equal sizes: "))
+                                     remedy=shapes_remedy(name, _with(shape, declared[name], dim, seen[0]),
+                                                          "give them equal sizes: pass "))
     pinned = {}
     for name, dims in declared.items():
         if name in shapes:
@@ -194,8 +194,8 @@ def pin_inputs(graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[in
     missing = {n: d for n, d in declared.items() if n not in pinned}
     if missing:
         name, dims = next(iter(missing.items()))
-        raise ModelError(f"{_describe_symbolic(missing)}", remedy=_shapes_remedy(
-            {name: tuple(d if isinstance(d, int) else 1 for d in dims or (1,))}, "give its sizes, e.g. "))
+        raise ModelError(f"{_describe_symbolic(missing)}", remedy=shapes_remedy(
+            name, tuple(d if isinstance(d, int) else 1 for d in dims or (1,)), "give its sizes, e.g. pass "))
     return pinned
 
 
@@ -264,41 +264,28 @@ def _with(shape, dims, name: str, size: int) -> tuple[int, ...]:
     return tuple(size if d == name else s for s, d in zip(shape, dims or ()))
 
 
-def _shapes_remedy(example: dict, lead: str = "") -> Remedy:
-    """Pinning sizes, said for Python, YAML and the CLI, with ``example``'s sizes."""
-    name, shape = next(iter(example.items()))
-    return Remedy(f"{lead}pass shapes={{{name!r}: {tuple(shape)}}}", key=f"model.shapes.{name}",
-                  value=str(list(shape)), flag=f"--shapes {name}={'x'.join(map(str, shape))}")
-
-
-def sizes_remedy(name: str) -> Remedy:
-    """Give the sizes of input ``name`` (whose rank is not known here either)."""
-    return Remedy(f"pass shapes={{{name!r}: (...)}} with its sizes", key=f"model.shapes.{name}", value="[...]",
-                  flag=f"--shapes {name}=AxB")
-
-
 def _check_pinned(name: str, shape, dims) -> tuple[int, ...]:
     """``shape`` as ints, checked against the input's declared dims."""
     try:
         shape = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
         raise ModelError(f"the shape given for input {name!r}, {shape!r}, is not a list of sizes",
-                         remedy=_shapes_remedy({name: tuple(d if isinstance(d, int) else 1 for d in dims or (1,))},
-                                           "give numbers, e.g. ")) from None
+                         remedy=shapes_remedy(name, tuple(d if isinstance(d, int) else 1 for d in dims or (1,)),
+                                           "give numbers, e.g. pass ")) from None
     if any(s < 0 for s in shape):
         raise ModelError(f"the shape given for input {name!r}, {list(shape)}, has a negative size",
-                         remedy=_shapes_remedy({name: tuple(abs(s) for s in shape)}, "give sizes >= 0, e.g. "))
+                         remedy=shapes_remedy(name, tuple(abs(s) for s in shape), "give sizes >= 0, e.g. pass "))
     if dims is not None:
         if len(dims) != len(shape):
             raise ModelError(f"the shape given for input {name!r}, {list(shape)}, has {len(shape)} dims; the "
                              f"model declares {name} {_dims_text(dims)} ({len(dims)} dims)",
-                             remedy=_shapes_remedy({name: tuple(d if isinstance(d, int) else 1 for d in dims)},
-                                               "give one size per dim, e.g. "))
+                             remedy=shapes_remedy(name, tuple(d if isinstance(d, int) else 1 for d in dims),
+                                              "give one size per dim, e.g. pass "))
         for i, (dim, size) in enumerate(zip(dims, shape)):
             if isinstance(dim, int) and dim != size:
                 raise ModelError(f"the shape given for input {name!r}, {list(shape)}, sets dim {i} to {size}; "
                                  f"the model declares {name} {_dims_text(dims)}",
-                                 remedy=_shapes_remedy({name: _fixed(shape, dims)}, "keep its fixed sizes: "))
+                                 remedy=shapes_remedy(name, _fixed(shape, dims), "keep its fixed sizes: pass "))
     return shape
 
 

@@ -32,11 +32,11 @@ import numpy as np
 
 from ..core.errors import ModelError, ProbeError, UnsupportedOpError, one_line
 from ..core.install import install_hint
+from ..core.records import sizes_remedy
 from ..core.sources import Kind, SourceMap, SourceValue
 from .adapter import ModelAdapter, SourceGraph, file_from_record, file_record, static_shapes
 from .model import ImportedModel, InputSpec, LazyArrays
 from .relax_values import binding_of_value, const_value, follow_aliases, tensor_info
-from .static import sizes_remedy
 
 log = logging.getLogger(__name__)
 
