@@ -62,7 +62,7 @@ def test_no_module_reads_another_objects_privates(name):
 def test_the_handle_is_all_a_prepared_call_keeps_of_the_executor():
     assert "_handle" in FastCall.__slots__ and "_executor" not in FastCall.__slots__
     assert set(ExecutorHandle.__slots__) == {"kernel_map", "sources", "function", "device_sync", "install",
-                                              "to_device", "give_up_aliased", "rerun_instrumented"}
+                                              "to_device", "give_up_aliased", "rerun_instrumented", "watch_table"}
 
 
 def test_tvm_probe_modules_are_imported_at_the_top():

@@ -10,6 +10,7 @@
     tvm-probe graph DUMP -o graph.dot|svg       the kernel graph, coloured by error
     tvm-probe split CONFIG                      cut into pipeline stages; write the plan; verify
     tvm-probe reduce CONFIG -o DIR              smallest sub-model that still fails: a TVM bug report
+    tvm-probe blame CONFIG -o DIR               whose bug: the importer, a named pass (a TVMScript repro), the kernel
     tvm-probe serve [--host H] [--port P] [--tracker HOST:PORT --key K]   a TVM RPC server probes can use
     tvm-probe view DUMP [--port P] [--no-browser] [--export DIR]   Model Explorer: source graph + kernels, errors on them
     tvm-probe precision CONFIG -o DIR           which ops must stay in fp32 for an fp16 build: DIR/precision.yaml
@@ -33,6 +34,7 @@ import numpy as np
 
 from .. import __version__
 from ..capture.remote import Server
+from ..capture.watch import TRACEBACK_ENV
 from ..comparison.dump import compare_dump
 from ..comparison.reference import is_no_reference
 from ..comparison.terms import recorded_terms
@@ -52,6 +54,7 @@ from .model_file import config_for_model, write_config
 from .overrides import RUN_FLAGS, run_overrides, run_terms, shapes_flags
 from .investigate import (
     QuantizationOutcome,
+    blame_investigation,
     investigate,
     model_inputs,
     precision_investigation,
@@ -60,6 +63,7 @@ from .investigate import (
     split_investigation,
 )
 from .progress import Progress
+from .watched import watched_status
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,6 +195,15 @@ def _parser() -> argparse.ArgumentParser:
     red.add_argument("--exact", action="store_true",
                      help="count differences within a few ulps of the values' magnitude too (by default they "
                           "are floating-point rounding, not a TVM bug)")
+    bla = command("blame", help="say which stage of TVM is responsible for a failure or a wrong value: the "
+                                "importer, a named pass of the pipeline, or the op's kernel",
+                  description="Import, compile and run the config's model against its reference; for a failure or "
+                              "the first divergent value, find the stage responsible (a pass by bisection over the "
+                              "pipeline's passes) and, where a pass is blamed, write DIR: repro.py (the module "
+                              "before the pass as TVMScript and the pass; tvm and numpy only), params.npz, README.md.")
+    _config_arguments(bla)
+    bla.add_argument("-o", "--output", type=Path, required=True, help="the reproduction folder")
+    bla.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     srv = command("serve", help="run a TVM RPC server whose sessions tvm_probe can instrument (on the device)",
                   description="Serve TVM RPC sessions that load tvm_probe's native instrument, so that a probe on "
                               "another machine (remote={host, port} or {tracker, key}) can run its executable here "
@@ -417,6 +430,18 @@ def _cmd_reduce(args, progress) -> int:
     return Exit.OK
 
 
+def _cmd_blame(args, progress) -> int:
+    found, written = blame_investigation(load_config(args.config, args.overrides), args.output, args.overwrite,
+                                         progress)
+    print(found)
+    why_not = getattr(found.repro, "why_not", "")
+    if written is not None:
+        print(f"reproduction: {written}")
+    elif why_not:
+        print(f"no reproduction: {why_not}")
+    return {"none": Exit.OK, "divergence": Exit.DIVERGED}.get(found.failure or "none", Exit.TVM_FAILED)
+
+
 def _cmd_serve(args, progress) -> int:
     logging.getLogger("RPCServer").setLevel(logging.WARNING if args.quiet else logging.INFO)  # TVM's server log
     server = Server(args.host, args.port, tracker=args.tracker, key=args.key, custom_addr=args.custom_addr)
@@ -487,7 +512,7 @@ def _cmd_precision(args, progress) -> int:
     return outcome.exit_code
 
 
-_COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
+_COMMANDS = {"run": _cmd_run, "reduce": _cmd_reduce, "blame": _cmd_blame, "ls": _cmd_ls, "get": _cmd_get, "compare": _cmd_compare, "diff": _cmd_diff,
              "report": _cmd_report, "graph": _cmd_graph, "split": _cmd_split, "serve": _cmd_serve, "view": _cmd_view}
 
 
@@ -576,7 +601,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `tvm-probe get ... | head`
         status = Exit.OK
     except Exception as err:  # a bug: keep it apart from divergence (1) and bad input (2)
-        if os.environ.get("TVM_PROBE_TRACEBACK"):
+        if os.environ.get(TRACEBACK_ENV):
             raise
         status = _error(f"internal error: {type(err).__name__}: {one_line(err)} (a bug in tvm_probe or an "
                         "unsupported TVM behaviour; set TVM_PROBE_TRACEBACK=1 for the traceback)", Exit.INTERNAL)
@@ -626,7 +651,9 @@ def console_main() -> None:
     Ctrl-C would kill the process with the signal (status -2) after the result was printed.
     """
     try:
-        status = main()
+        status = watched_status(sys.argv[1:], _error)  # a watched child did the work (None: do it here)
+        if status is None:
+            status = main()
     except KeyboardInterrupt:  # before main's own handling began (while parsing arguments)
         status = _error("error: interrupted", Exit.BAD_INPUT)
     _ignore_late_interrupts()

@@ -35,6 +35,7 @@ from ..show.report import write_precision_report, write_report
 from ..show.view import export_quantization
 from ..tools.precision.search import PrecisionOutcome, find_keep_fp32
 from ..tools.quantization import QuantizationError, compare_quantized, sensitivity
+from ..tools.blame import blame
 from ..tools.reduce import reduce
 from ..tools.split import balance, run_pipeline, split
 from .config import Config, ConfigError, InputSource, ModelSpec
@@ -348,6 +349,30 @@ def reduce_investigation(config: Config, out_dir: Path, overwrite: bool, progres
                       build, out_dir=out_dir,
                       overwrite=overwrite, tolerance=tolerance, exact=exact,
                       progress=lambda step: stage.update(step.total - step.best, max(step.total - 1, 1)))
+
+
+def blame_investigation(config: Config, out_dir: Path, overwrite: bool, progress: Progress):
+    """Which stage of TVM is responsible for the config's failure (see :mod:`tvm_probe.tools.blame`);
+    where a pass is blamed, its standalone reproduction is written to ``out_dir``.  Returns the
+    :class:`~tvm_probe.tools.blame.Blame` and the folder written (None: no reproduction, and why
+    is in ``blame.repro``)."""
+    spec = config.reference
+    if is_no_reference(spec.runtime):
+        raise ConfigError(f"{config.at('reference')}: blame needs a reference to tell a wrong value "
+                          "(onnxruntime, torch, tflite): 'none' compares nothing")
+    model = config.model.load()
+    if config.model.adapter.graph == "onnx":
+        inputs = _graph_inputs(config, model)
+    else:
+        inputs = _inputs(config, config.model.adapter.import_model(model), model)
+    options = {"shapes": dict(config.model.shapes)} if config.model.shapes else {}
+    with progress.stage("blame"):
+        found = blame(model, inputs, reference=spec.runtime, pipeline=config.pipeline, target=config.target,
+                      kind=config.model.kind, **options)
+    written = None
+    if found.repro is not None and not getattr(found.repro, "why_not", ""):
+        written = found.write_repro(out_dir, overwrite=overwrite)
+    return found, written
 
 
 def _graph_inputs(config: Config, model) -> dict[str, np.ndarray]:

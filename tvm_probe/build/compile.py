@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Union
+from typing import Any, Callable, Mapping, Protocol, Union
 
 from ..core.device import device_for
 from ..core.errors import PipelineError, TVMCompileError, one_line, tvm_message
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 PipelineLike = Union[str, Any]  # a name from PIPELINE_NAMES or a tvm.transform.Pass
 
-_CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
+CALL_GRAPH_PASSES = ("ToNonDataflow", "CallTIRRewrite")
 
 
 class Diagnosis(Protocol):
@@ -138,6 +138,24 @@ def parse_target(target) -> Any:
                             "a JSON form such as {\"kind\": \"cuda\", \"arch\": \"sm_90\"}") from None
 
 
+def target_literal(target) -> str:
+    """Python source for ``target`` that ``tvm.target.Target()`` accepts."""
+    if isinstance(target, (str, Mapping)):
+        return repr(target if isinstance(target, str) else dict(target))
+    import json
+
+    return repr(json.dumps(_plain(target.export())))  # a Target: its JSON form
+
+
+def _plain(value):
+    """A target's exported attributes as JSON data (TVM maps and arrays as dicts and lists)."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (bool, int, float)) else str(value)
+
+
 def _cli_style(text: str) -> bool:
     """``"cuda -arch=sm_90"``: a kind followed by ``-option`` words."""
     words = text.split()
@@ -197,12 +215,12 @@ def _instrument(snaps: Snapshots, passes: PassLog | None = None):
                 snaps.pre_fold = mod
             if info.name == "FuseOps" and snaps.pre_fusion is None:
                 snaps.pre_fusion = mod
-            if info.name in _CALL_GRAPH_PASSES and snaps.call_graph is None:
+            if info.name in CALL_GRAPH_PASSES and snaps.call_graph is None:
                 snaps.call_graph = mod
 
         def run_after_pass(self, mod, info):
             if passes is not None:
-                passes.after(info.name)
+                passes.after(info.name, mod)
             if info.name == "FuseOps" and snaps.post_fusion is None:
                 snaps.post_fusion = mod
 
@@ -315,3 +333,47 @@ def compile_plain(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE):
     target = parse_target(target)
     pass_, _ = resolve_pipeline(pipeline, target)
     return tvm.compile(mod, target, relax_pipeline=pass_)
+
+
+@dataclass
+class RecordedPipeline:
+    """One run of a pipeline with every pass's module kept (:class:`PassLog` with
+    ``keep_modules``): what bisecting over the pipeline's passes needs.
+
+    ``lowered`` is what the pipeline returned (None when a pass raised); ``error`` the exception
+    a pass raised (its words kept: ``error_type``, ``message``), ``failing`` the innermost pass
+    still running then — its :attr:`~tvm_probe.build.passes.PassRun.path` is where it sat.
+    """
+
+    lowered: Any
+    passes: PassLog
+    target: Any
+    error: BaseException | None = None  # its traceback's frames cleared
+    error_type: str = ""
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.lowered is None
+
+    @property
+    def failing(self):
+        return self.passes.failing
+
+
+def run_pipeline_recorded(mod, target, pipeline: PipelineLike = DEFAULT_PIPELINE) -> RecordedPipeline:
+    """Run ``pipeline`` on ``mod`` for ``target`` once, keeping the module every pass received
+    and returned; a pass that raises is recorded, not raised (the module before it is what a
+    reproduction starts from).  Nothing is built."""
+    target = parse_target(target)
+    pass_, _ = resolve_pipeline(pipeline, target)
+    passes = PassLog(keep_modules=True)
+    record = RecordedPipeline(None, passes, target)
+    with native_log_to_logging():
+        try:
+            with target, _context_with(_instrument(Snapshots(), passes)):
+                record.lowered = pass_(mod)
+        except Exception as err:
+            record.error, record.error_type, record.message = err, type(err).__name__, tvm_message(err)[0]
+            release_native(err)
+    return record

@@ -41,6 +41,18 @@ class PassRun:
     module: Any
     log_start: int
     log_end: int | None = None  # None: still running (or it raised)
+    parent: "PassRun | None" = None  # the pass that ran this one (a Sequential, FuseTIR...)
+    result: Any = None               # the module it returned, kept by a PassLog(keep_modules=True)
+
+    @property
+    def path(self) -> str:
+        """The names of the passes open when this one ran, outermost first, and its own, joined
+        by ``>``: ``_pipeline>sequential>FuseTIR`` (how a pass is found in a nested pipeline)."""
+        names, run = [], self
+        while run is not None:
+            names.append(run.name)
+            run = run.parent
+        return ">".join(reversed(names))
 
 
 class PassLog:
@@ -48,11 +60,14 @@ class PassLog:
 
     Fed by a pass instrument (:meth:`before` / :meth:`after`); afterwards :attr:`failing` is the
     innermost pass that started and never finished, and :meth:`run_at` says which pass was
-    running when TVM printed something.
+    running when TVM printed something.  With ``keep_modules``, every run keeps the module it
+    received and the one it returned (references: IRModules are immutable), so that
+    :meth:`steps` can be rebuilt one by one.
     """
 
-    def __init__(self, native: NativeLog | None = None):
+    def __init__(self, native: NativeLog | None = None, keep_modules: bool = False):
         self.native = native
+        self.keep_modules = keep_modules
         self.runs: list[PassRun] = []
         self._open: list[PassRun] = []
 
@@ -60,18 +75,30 @@ class PassLog:
         return self.native.tell() if self.native is not None else 0
 
     def before(self, mod, name: str) -> None:
-        run = PassRun(name, len(self._open), mod, self._tell())
+        run = PassRun(name, len(self._open), mod, self._tell(), parent=self._open[-1] if self._open else None)
         self._open.append(run)
         self.runs.append(run)
 
-    def after(self, name: str) -> None:
+    def after(self, name: str, mod=None) -> None:
         while self._open:
             run = self._open.pop()
             run.log_end = self._tell()
-            if run.name not in OP_LOCAL_PASSES:
+            if self.keep_modules:
+                run.result = mod if run.name == name else None
+            elif run.name not in OP_LOCAL_PASSES:
                 run.module = None
             if run.name == name:
                 break
+
+    def steps(self) -> list[PassRun]:
+        """The passes that each received the whole module from a ``Sequential`` (or ran on their
+        own), in order: the pipeline's own steps.  A ``Sequential``, or a pass that runs one
+        (TVM's ``_pipeline`` functions), is not a step — its children are; the passes a step
+        runs inside itself (FuseTIR's ``FuseTIRInner``) see partial modules and are not steps."""
+        containers = {id(run.parent) for run in self.runs if run.name == "sequential" and run.parent is not None}
+        return [run for run in self.runs
+                if (run.parent is None or run.parent.name == "sequential")
+                and run.name != "sequential" and id(run) not in containers]
 
     @property
     def failing(self) -> PassRun | None:

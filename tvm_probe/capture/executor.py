@@ -84,6 +84,7 @@ from .recompute import Recomputer
 from .remote.client import RemoteRecomputer, RemoteRuntime
 from .result import NATIVE, PYTHON, ArenaOutputs, Capture  # noqa: F401  (ArenaOutputs: re-exported)
 from .transfer import Transfers, tvm_tensor  # noqa: F401  (tvm_tensor: re-exported)
+from .watch import flight, register
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,14 @@ class DebugExecutor:
         self._validated = False  # an instrumented run checked the call sequence
         self._hook_native = None  # _native_hooks(): None until asked, False when unavailable
         self._transfers = Transfers(self._device, self.remote)
+        # its call sites as a site table of a watched process (tvm_probe.capture.watch)
+        self._watch_table = register(self, kernel_map, sources, function)
         # all that observers and prepared calls may use of this executor
         self._handle = ExecutorHandle(kernel_map=kernel_map, sources=sources, function=function,
                                       device_sync=self._device.sync if self.sync else None, install=self.install,
                                       to_device=self._transfers.to_device,
                                       give_up_aliased=self._transfers.give_up_aliased,
-                                      rerun_instrumented=self._hooked_run_failed)
+                                      rerun_instrumented=self._hooked_run_failed, watch_table=self._watch_table)
         if self.remote is not None:
             self._native = NativeDriver(self._km, library=self.remote.library, sync_device=self._sync_device())
             self._generation = self.remote.generation  # the connection the sessions were opened on
@@ -173,7 +176,7 @@ class DebugExecutor:
                                     f"{INSTRUMENT_ENV}=native")
             return
         try:
-            self._native = NativeDriver(self._km, sync_device=self._sync_device())
+            self._native = NativeDriver(self._km, sync_device=self._sync_device(), watch_table=self._watch_table)
         except NativeUnavailable as err:
             if choice == NATIVE:
                 raise ProbeError(f"the native instrument is unavailable: {err}; set {INSTRUMENT_ENV}="
@@ -285,15 +288,30 @@ class DebugExecutor:
                 source ops (``err.failure``), with TVM's message.
             RemoteError: the remote device was lost (a TVMRunError: nothing of the run is kept).
         """
-        # (not for a streamed run: a hooked run that fails is run again, and its copies went out)
-        hooked = self._hooked_vm(plan, every=bool(kernel_times)) if observer is None and sink is None else None
-        if hooked is not None:
-            return self._run_hooked(hooked, inputs, plan, raw, arrays_at,
-                                    timed=plan.outputs is None or bool(kernel_times))
-        return self._run_instrumented(inputs, plan, sink, raw, observer)
+        watched = flight()  # (a watched process: see _watching)
+        try:
+            # (not for a streamed run: a hooked run that fails is run again, and its copies went out)
+            hooked = self._hooked_vm(plan, every=bool(kernel_times)) if observer is None and sink is None else None
+            if hooked is not None:
+                return self._run_hooked(hooked, inputs, plan, raw, arrays_at,
+                                        timed=plan.outputs is None or bool(kernel_times))
+            return self._run_instrumented(inputs, plan, sink, raw, observer)
+        finally:
+            if watched is not None:
+                watched.run_ends()
+
+    def _watching(self, hooked: HookedVM | None = None) -> None:
+        """In a watched process (:mod:`tvm_probe.capture.watch`): the record says that a run of
+        these call sites is on, and whether it watches every kernel call (TVM's instrument, or
+        a VM hooking every kernel) or only some (``hooked``'s)."""
+        watched = flight()
+        if watched is not None:
+            every = hooked is None or hooked.hooked >= {s.symbol for s in self._km.sites if not s.is_view}
+            watched.run_begins(self._watch_table, every)
 
     def _run_instrumented(self, inputs: list, plan: CapturePlan, sink, raw: bool, observer) -> Capture:
         """:meth:`run` through TVM's instrument: every VM call seen, every kernel call timed."""
+        self._watching()
         self._prepare()
         capture = Capture(inputs=inputs, instrument=self.instrument if observer is None else PYTHON)
         if self._native is not None and observer is None:
@@ -351,7 +369,7 @@ class DebugExecutor:
             return self._native
         if self._hook_native is None:
             try:
-                self._hook_native = NativeDriver(self._km, dynamic=True)
+                self._hook_native = NativeDriver(self._km, dynamic=True, watch_table=self._watch_table)
             except NativeUnavailable as err:
                 log.info("kernel hooks in Python: %s", err)
                 self._hook_native = False
@@ -368,10 +386,11 @@ class DebugExecutor:
     def _run_hooked(self, vm: HookedVM, inputs, plan: CapturePlan, raw: bool, arrays_at=None,
                     timed: bool = True) -> Capture:
         capture = Capture(inputs=inputs, instrument=HOOK)
+        self._watching(vm)
         if not vm.hooked:
             run = NOTHING_OBSERVED
         elif vm.switch is None:
-            run = HookedRun(vm, plan, capture)
+            run = HookedRun(vm, plan, capture, watch_table=self._watch_table)
         else:
             prepared = vm.prepared.get(plan)  # the VM's own session for the plan, made at its first run
             if prepared is None:

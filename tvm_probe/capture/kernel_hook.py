@@ -29,6 +29,7 @@ import numpy as np
 from ..core.errors import TVMBehaviourChanged
 from ..kernel_map import ArgKind
 from .observer import Observer
+from .watch import BETWEEN, COPYING, flight
 
 _REGISTERING = threading.RLock()  # the global registry is process-wide: one VM set up at a time
 
@@ -198,12 +199,13 @@ class HookedRun(Observer):
     the kernel map numbers them.  An :class:`~tvm_probe.capture.observer.Observer`: ``with run:``
     points the VM's wrappers at :meth:`on_call`; :meth:`finish` checks the counts."""
 
-    def __init__(self, vm: HookedVM, plan, capture, sink=None):
+    def __init__(self, vm: HookedVM, plan, capture, sink=None, watch_table: int = -1):
         self.vm, self.plan, self.capture = vm, plan, capture
         self.store = sink or capture.outputs.__setitem__
         self.sites_of = vm.sites_of
         self.seen = dict.fromkeys(self.sites_of, 0)
         self.running: int | None = None
+        self.flight, self.table = flight(), watch_table  # a watched process's in-flight record
 
     def __enter__(self) -> "HookedRun":
         self.vm.observer = self.on_call
@@ -225,12 +227,18 @@ class HookedRun(Observer):
             if site.index in self.plan.untracked_inputs:
                 self.capture.untracked_inputs[site.index] = {
                     j: host_copy(args[j]) for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
+            if self.flight is not None:
+                self.flight.kernel(self.table, site.index)
             return
         self.running = None
         occurrence = self.seen[symbol] - 1
+        if self.flight is not None and occurrence < len(sites):
+            self.flight.state(COPYING)
         if occurrence < len(sites) and self.plan.wants_output(sites[occurrence].index):
             site = sites[occurrence]
             self.store(site.index, [host_array(o) for o in args[site.num_inputs: site.num_inputs + site.num_outputs]])
+        if self.flight is not None and occurrence < len(sites):
+            self.flight.state(BETWEEN)
 
     def reraise(self) -> None:
         """(Nothing to raise: an observer's exception reaches the VM's caller as itself.)"""

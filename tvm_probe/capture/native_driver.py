@@ -25,6 +25,7 @@ from .native import CALLED, COPIED_BYTES, COPY, EMIT, STOPPED, UNEXPECTED
 from .observer import ExecutorHandle, Observer, behaviour_changed
 from .plan import MAX_PLANS, CapturePlan
 from .result import ArenaOutputs, Capture, LayoutOutputs
+from .watch import attach_native
 
 
 class NativeDriver:
@@ -38,11 +39,15 @@ class NativeDriver:
         dynamic: every wanted output is copied into the session's own arena, grown as needed,
             its place and shape read back after the run (the native hooks of a model with
             symbolic shapes: sizes change from call to call; see :meth:`NativePlan.outputs`).
+        watch_table: the kernel map's site table in a watched process (its sessions write the
+            call in flight, see :mod:`tvm_probe.capture.watch`); -1: none.
     """
 
     def __init__(self, km: KernelMap, library=None, sync_device: tuple[int, int] | None = None,
-                 dynamic: bool = False):
+                 dynamic: bool = False, watch_table: int = -1):
         self._lib = library if library is not None else native.load()
+        attach_native(self._lib)
+        self._watch_table = watch_table
         self._km = km
         self._sync_device = sync_device
         self.dynamic = dynamic  # wanted outputs go into arenas sized by each call's shapes
@@ -70,7 +75,8 @@ class NativeDriver:
             if len(self._plans) >= MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))  # the oldest; its session closes
             prepared = self._plans[key] = NativePlan(self._lib, self._km, plan, streaming, self._dtypes,
-                                                      self._sync_device, self.dynamic and not streaming)
+                                                      self._sync_device, self.dynamic and not streaming,
+                                                      self._watch_table)
         return prepared
 
 
@@ -86,6 +92,7 @@ class NativePlan:
         sync_device: ``(DLPack type, index)`` of a device to sync around every kernel call.
         dynamic: wanted outputs go into the session's own arena (COPY_DYNAMIC), sized by this
             call's shapes; :meth:`outputs` reads them back.
+        watch_table: the kernel map's site table in a watched process (-1: none).
     """
 
     # arenas kept for reuse: the one the last run's Capture holds, and one to fill (calls that keep
@@ -97,7 +104,7 @@ class NativePlan:
     _CHUNK = 16 << 20
 
     def __init__(self, lib, km: KernelMap, plan: CapturePlan, streaming: bool, dtypes: dict,
-                 sync_device: tuple[int, int] | None = None, dynamic: bool = False):
+                 sync_device: tuple[int, int] | None = None, dynamic: bool = False, watch_table: int = -1):
         sites, offset = [], 0
         copy = native.COPY_DYNAMIC if dynamic else native.COPY
         self.dynamic = dynamic
@@ -130,6 +137,8 @@ class NativePlan:
             # would hand over no outputs at all, and an empty tensor is a value like any other
             offset = native.ALIGN
         self.session = lib.open(native.encode_plan(sites, offset, sync_device=sync_device))
+        if watch_table >= 0 and hasattr(lib, "watch_session"):  # (a remote session: the server's process)
+            lib.watch_session(self.session.id, watch_table)
         self.instrument = self.session.instrument()
         self.own_arena = not lib.can_call_back  # remote: the session's own arena, downloaded
         self.callbacks, self.streaming = lib.can_call_back, streaming

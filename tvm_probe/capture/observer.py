@@ -47,14 +47,18 @@ class ExecutorHandle:
             hooked kernels raised ``err`` (or saw other calls than the kernel map's), the same
             run through TVM's instrument, which names the failing kernel: its Capture, or the
             run's one-line error.
+        watch_table: the kernel map's site table in a watched process (the number an observer
+            writes into the in-flight record before each kernel call, see
+            :mod:`tvm_probe.capture.watch`).
     """
 
     __slots__ = ("kernel_map", "sources", "function", "device_sync", "install", "to_device", "give_up_aliased",
-                 "rerun_instrumented")
+                 "rerun_instrumented", "watch_table")
 
     def __init__(self, *, kernel_map, sources, function: str, device_sync, install, to_device, give_up_aliased,
-                 rerun_instrumented):
+                 rerun_instrumented, watch_table: int = -1):
         self.kernel_map, self.sources, self.function = kernel_map, sources, function
+        self.watch_table = watch_table
         self.device_sync = device_sync
         self.install, self.to_device = install, to_device
         self.give_up_aliased, self.rerun_instrumented = give_up_aliased, rerun_instrumented

@@ -19,6 +19,7 @@ from .kernel_hook import host_array, host_copy
 from .observer import ExecutorHandle, Observer, behaviour_changed, site_outputs
 from .plan import CapturePlan
 from .result import PYTHON, Capture
+from .watch import BETWEEN, COPYING, OTHER, flight
 
 
 def _continue(*_args) -> int:
@@ -71,6 +72,7 @@ class PythonCalls(Observer):
         self.interrupted = False
         self._previous_handler = None
         self.running: int | None = None  # the site whose call began and has not returned
+        self.flight, self.table = flight(), handle.watch_table  # a watched process's in-flight record
 
     def __enter__(self) -> "PythonCalls":
         """Install the hook and defer Ctrl-C.
@@ -121,19 +123,21 @@ class PythonCalls(Observer):
         """TVM's instrument, called before and after every VM call (see the executor's module doc)."""
         sites = self.sites_of.get(symbol)
         if sites is None:
-            if before_run and not symbol.startswith("vm.builtin.") and symbol not in self.km.helper_symbols:
+            if symbol.startswith("vm.builtin."):
+                return 0
+            if before_run and symbol not in self.km.helper_symbols:
                 self.unexpected.append(str(symbol))
-            return 0
+            return self._other_kernel(before_run)
         if before_run:
             occurrence = self.seen[symbol]
             self.seen[symbol] = occurrence + 1
             if occurrence >= len(sites):  # a view too: those before it would be matched wrongly
                 if symbol not in self.open_symbols:  # (calls after an If that unbalances them match nothing)
                     self.unexpected.append(f"{symbol}#{occurrence}")
-                return 0
+                return self._other_kernel(True)
             site = sites[occurrence]
             if site is None:  # a call inside an If branch: no call site
-                return 0
+                return self._other_kernel(True)
             if site.index in self.plan.untracked_inputs:
                 self.capture.untracked_inputs[site.index] = {
                     j: host_copy(args[j]) for j, a in enumerate(site.args) if a.kind == ArgKind.UNTRACKED}
@@ -142,6 +146,8 @@ class PythonCalls(Observer):
                 self.instrument.before_call(self._kernel_call(site, args))
             if self.sync is not None:
                 self.sync()  # what was launched before is not this call's time
+            if self.flight is not None:
+                self.flight.kernel(self.table, site.index)
             self.t_call = time.perf_counter()
             return 0
         if self.sync is not None:
@@ -150,8 +156,10 @@ class PythonCalls(Observer):
         self.running = None
         occurrence = self.seen[symbol] - 1
         if occurrence >= len(sites) or sites[occurrence] is None:
-            return 0
+            return self._other_kernel(False)
         site = sites[occurrence]
+        if self.flight is not None:
+            self.flight.state(COPYING)
         self.capture.time_us[site.index] = (t_end - self.t_call) * 1e6
         self.capture.start_us[site.index] = (self.t_call - self.t_start) * 1e6
         self.called.add(site.index)
@@ -161,6 +169,15 @@ class PythonCalls(Observer):
                 self.store(site.index, [host_array(o) for o in outs])
             if self.instrument is not None:
                 self.instrument.after_call(self._kernel_call(site, args, list(outs), self.capture.time_us[site.index]))
+        if self.flight is not None:
+            self.flight.state(BETWEEN)
+        return 0
+
+    def _other_kernel(self, before_run: bool) -> int:
+        """A kernel call with no call site (a helper lowering added, a call inside an If branch)
+        is in flight, or has returned: said in a watched process's record."""
+        if self.flight is not None:
+            self.flight.state(OTHER if before_run else BETWEEN)
         return 0
 
     def _kernel_call(self, site, args, outputs=(), time_us=None) -> KernelCall:

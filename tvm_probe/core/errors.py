@@ -132,6 +132,28 @@ class TVMRunError(TVMError):
     """The compiled model failed while running."""
 
 
+class KernelCrash(TVMRunError):
+    """The process running the model died of a signal (a kernel read out of bounds: SIGSEGV),
+    said by the process that watched it (:func:`tvm_probe.capture.watch.run_watched`).
+
+    Attributes:
+        kernel: the symbol of the kernel in flight (None: the process died outside any kernel).
+        signal: the signal's name, e.g. ``"SIGSEGV"``.
+        call: the kernel call (call-site index) in flight, or the last one that returned when
+            ``kernel`` is None; None when no call is known.
+        source_ops: the source ops that call computes, in words (``source op 'gather' (Gather)``;
+            "" when none or not known).
+        keys: their source keys.
+        function: the VM function that ran (``"main"``).
+    """
+
+    def __init__(self, message: str = "", *, kernel: str | None = None, signal: str = "", call: int | None = None,
+                 source_ops: str = "", keys: tuple = (), function: str = "main"):
+        super().__init__(message)
+        self.kernel, self.signal, self.call = kernel, signal, call
+        self.source_ops, self.keys, self.function = source_ops, tuple(keys), function
+
+
 class ConfigError(ProbeError):
     """A config (a YAML file, ``--set`` items, the flags that stand for its keys) is not valid;
     the message lists every problem with its line or flag."""

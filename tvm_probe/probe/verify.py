@@ -113,7 +113,14 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
     by source key: built for llvm, found by Var identity."""
     from tvm import relax
 
-    built = compile_with_snapshots(imported.mod, DEFAULT_TARGET, relax.get_pipeline("default"))
+    return values_by_var(imported, imported.mod, arrays, DEFAULT_TARGET, relax.get_pipeline("default"))[0]
+
+
+def values_by_var(imported, mod, arrays: list[np.ndarray], target, pipeline) -> tuple[dict[str, np.ndarray], object]:
+    """``mod`` — the imported module, or one a pass of a pipeline made from it — built with
+    ``pipeline`` for ``target`` and run on ``arrays``: the source values it computes whose Vars it
+    still binds (Var identity), by source key, and what ``main`` returned (as numpy)."""
+    built = compile_with_snapshots(mod, target, pipeline)
     main = built.snapshots.call_graph["main"]
     functions = subroutines(built.snapshots.call_graph)
     calls = call_sites(main, functions)
@@ -133,7 +140,7 @@ def independent_values(imported, arrays: list[np.ndarray]) -> dict[str, np.ndarr
         for key in keys:
             values.setdefault(key, array)
         _sequence_elements(values, keys, imported.sources.sequences, calls, capture, var)
-    return values
+    return values, capture.result
 
 
 def _sequence_elements(values: dict, keys, sequences: dict, calls, capture, var) -> None:

@@ -114,6 +114,11 @@ def load() -> "NativeLibrary":
     return _loaded
 
 
+def loaded() -> "NativeLibrary | None":
+    """The library if this process loaded it already (None: not loaded, or it cannot be)."""
+    return _loaded if isinstance(_loaded, NativeLibrary) else None
+
+
 def _load() -> "NativeLibrary":
     try:
         import tvm_ffi
@@ -148,6 +153,10 @@ class NativeLibrary:
         #: ``aliases(result, *tensors) -> int``: bit i set when ``result`` may refer to tensor i's memory
         self.aliases = tvm_ffi.get_global_func(prefix + "aliases")
         self._prepare_call = tvm_ffi.get_global_func(prefix + "prepare_call")
+        #: ``watch_record(address)``: where sessions of watched kernel maps write the call in flight
+        #: (:mod:`tvm_probe.capture.watch`; 0: nowhere); ``watch_session(session id, table)``
+        self.watch_record = tvm_ffi.get_global_func(prefix + "watch_record")
+        self.watch_session = tvm_ffi.get_global_func(prefix + "watch_session")
 
     def switch(self) -> "HookSwitch":
         """A new switch for the kernel hooks of one VM (see :class:`HookSwitch`)."""

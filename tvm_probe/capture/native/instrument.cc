@@ -46,6 +46,10 @@
 //                                                         -> [call, status]: a whole call's
 //                                                         checks, copies and run in one native call
 //   tvm_probe.capture.close_switch(switch)                forget the switch (its hooks keep it)
+//   tvm_probe.capture.watch_record(address)               the in-flight record of a watched process
+//                                                         (0: none), see "watch" below
+//   tvm_probe.capture.watch_session(session, table)       the session's kernel map is site table
+//                                                         `table` of the watched process
 //
 // Hooks instead of an instrument (tvm_probe/capture/kernel_hook.py): a VM made with some kernels
 // replaced by hooks calls the session only around those kernels, with no instrument dispatch
@@ -311,6 +315,15 @@ const DLTensor* AsTensor(const TVMFFIAny& value) {
   return nullptr;
 }
 
+// ------------------------------------------------------------------------------------- watch
+// A watched process (tvm_probe/capture/watch.py) keeps a small record in a file its watcher maps
+// too: [table, site, state] of the kernel call in flight.  A session whose kernel map is a site
+// table of that process writes it before each kernel call (kKernel), after the call while its
+// outputs are copied (kCopying) and once done (kBetween): when a kernel kills the process, the
+// watcher reads which one.  Three stores a call; none when no record is set.
+enum InFlightState : int64_t { kNotRunning = 0, kKernel = 1, kCopying = 2, kBetween = 3 };
+volatile int64_t* g_in_flight = nullptr;  // [table, site, state], or none
+
 // ------------------------------------------------------------------------------------- session
 /*!
  * \brief One plan and the state of its latest run.
@@ -444,6 +457,9 @@ class Session {
   /*! \brief The id of symbol `name` in this plan (kBuiltin / kUnknown when it is no site). */
   int SymbolId(const std::string& name) const { return Classify(name); }
 
+  /*! \brief This session's kernel map is site table `table` of the watched process. */
+  void Watch(int64_t table) { watch_table_ = table; }
+
  private:
   /*! \brief Before a call of symbol `id` with kernel arguments `args`: count it, hand over
    * untracked inputs, start its clock. */
@@ -460,6 +476,7 @@ class Session {
     const Site& site = plan_.sites[index];
     if (site.num_untracked != 0) EmitUntracked(index, site, args, num_args);
     if (plan_.sync) Sync();  // what was launched before is not this call's time
+    InFlight(index, kKernel);
     t_call_ = Clock::now();
   }
 
@@ -472,6 +489,7 @@ class Session {
     if (occurrence >= symbol.count) return;
     int index = plan_.occurrences[symbol.first + occurrence];
     const Site& site = plan_.sites[index];
+    InFlight(index, kCopying);
     times_data_[index] = Micros(t_call_ - t0_);
     times_data_[plan_.sites.size() + index] = Micros(t_end - t_call_);
     ++stats_data_[kCalled];
@@ -484,7 +502,17 @@ class Session {
       CopyDynamic(index, site, reinterpret_cast<const TVMFFIAny*>(ret),
                   reinterpret_cast<const TVMFFIAny*>(args), num_args);
     }
+    InFlight(index, kBetween);
     if (t_end - last_signal_check_ > signal_period_) CheckSignals(t_end);
+  }
+
+  /*! \brief Call site `index` is in `state`, for the watcher of this process (see "watch"). */
+  void InFlight(int index, int64_t state) const {
+    volatile int64_t* record = g_in_flight;
+    if (record == nullptr || watch_table_ < 0) return;
+    record[0] = watch_table_;
+    record[1] = index;
+    record[2] = state;
   }
 
   static constexpr int kBuiltin = -1;  // vm.builtin.* that is no call site: nothing to do
@@ -768,6 +796,7 @@ class Session {
   int64_t cursor_ = 0;                // dynamic arena: bytes used in this run
   int64_t dynamic_capacity_ = 4096;   // dynamic arena: the size the last run needed, at least
   bool running_ = false;  // between Begin and End
+  int64_t watch_table_ = -1;  // its site table in a watched process (-1: not watched)
 };
 
 // ------------------------------------------------------------------------------------- registry
@@ -1170,6 +1199,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       Function::FromTyped([](int64_t id) { Switches::Global()->Close(id); }));
   def("tvm_probe.capture.close",
       Function::FromTyped([](int64_t id) { Registry::Global()->Close(id); }));
+  def("tvm_probe.capture.watch_record", Function::FromTyped([](int64_t address) {
+        g_in_flight = reinterpret_cast<volatile int64_t*>(address);
+      }));
+  def("tvm_probe.capture.watch_session",
+      Function::FromTyped([session](int64_t id, int64_t table) { session(id)->Watch(table); }));
 }
 
 }  // namespace tvm_probe

@@ -3,12 +3,12 @@
 ``templates/repro.py``) and ``README.md``, verified by running ``repro.py`` in a fresh process."""
 from __future__ import annotations
 
+import logging
 import shutil
 import string
 import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,15 +16,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ...core.errors import one_line
+from ...build.compile import target_literal
+from ...core.errors import ProbeError, one_line
 from ...core.schema import PIPELINE_NAMES
 from ...core.tolerance import Tolerance, default_tolerance
 from ...probe.tvm_reference import build_label, pipeline_label, target_label
 from ...store.atomic import replace_folder
+from ...store.npz import save_npz
+from ..blame import blame
 from .check import TVMBuild
 from .failure import CompileFailure, Divergence, Failure, ReduceError
 
+log = logging.getLogger(__package__)
+
 FILES = ("model.onnx", "inputs.npz", "expected.npz", "repro.py", "README.md")
+PASS_REPRO = "pass-repro"  # the blame's reproduction, where a pass is blamed
 REPRO_TIMEOUT_S = 600
 
 
@@ -134,7 +140,10 @@ def write_repro(result: Reduction, out_dir: Path, overwrite: bool = False, verif
         save_npz(tmp / "expected.npz", result.expected)
         (tmp / "repro.py").write_text(script)
         transcript = run_repro(tmp, result.failure) if verify else None
-        (tmp / "README.md").write_text(readme(result, transcript))
+        found = blame_of(result)
+        if found is not None and found.stage == "pass" and not getattr(found.repro, "why_not", "x"):
+            found.write_repro(tmp / PASS_REPRO)
+        (tmp / "README.md").write_text(readme(result, transcript, found))
         replace_folder(tmp, out_dir)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -150,14 +159,6 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise ReduceError(f"'{out_dir}' already exists: choose another folder or pass overwrite=True")
     if out_dir.exists() and not out_dir.is_dir():
         raise ReduceError(f"'{out_dir}' exists and is not a folder: choose another path")
-
-
-def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """``np.savez`` for any tensor names (``np.savez`` takes them as keywords: no ``file``)."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
 
 
 def run_repro(folder: Path, failure: Failure) -> str:
@@ -190,12 +191,12 @@ def repro_script(result: Reduction) -> str:
                               f"{pipeline_label(pipeline, target)!r}: a standalone script cannot rebuild it")
     tolerances = {name: _tolerance_for(result, value) for name, value in result.expected.items()}
     reference = (None if result.reference is None
-                 else (_target_literal(result.reference.target), result.reference.pipeline))
+                 else (target_literal(result.reference.target), result.reference.pipeline))
     script = string.Template(repro_template()).safe_substitute(
         TITLE=f"TVM {result.tvm_version}: {result.headline()}",
         NODES_BEFORE=result.nodes_before, NODES_AFTER=result.nodes_after)
     return _set_settings(script, {
-        "TARGET": _target_literal(result.target), "PIPELINE": repr(result.pipeline),
+        "TARGET": target_literal(result.target), "PIPELINE": repr(result.pipeline),
         "REFERENCE": "None" if reference is None else f"({reference[0]}, {reference[1]!r})",
         "REFERENCE_LABEL": repr(result.reference_label), "TOLERANCES": repr(tolerances)})
 
@@ -234,15 +235,29 @@ def _tolerance_for(result: Reduction, value: np.ndarray) -> tuple[float, float]:
     return (float(tol.atol), float(tol.rtol))
 
 
-def _target_literal(target) -> str:
-    """Python source for ``target`` that ``tvm.target.Target()`` accepts."""
-    if isinstance(target, (str, Mapping)):
-        return repr(target if isinstance(target, str) else dict(target))
-    return repr(str(target))  # a Target: its JSON form
+def blame_of(result: Reduction):
+    """Which stage of TVM the reduced model's failure is (:func:`tvm_probe.tools.blame.blame`), or
+    None when no blame could be made (the reason is logged)."""
+    reference = None if result.reference is None else result.expected  # onnxruntime, else the build's outputs
+    try:
+        return blame(result.model, result.inputs, reference=reference, pipeline=result.pipeline, target=result.target)
+    except ProbeError as err:
+        log.info("no blame for the reduced model: %s", err)
+        return None
 
 
-def readme(result: Reduction, transcript: str | None) -> str:
-    """README.md of the folder: versions, build, the bug in one sentence, how to run, its output."""
+def _blame_section(found) -> str:
+    if found is None:
+        return "blame: not established (see the log)\n\n"
+    lines = "\n".join(f"- {line}" for line in found.evidence)
+    more = (f"\n\nThe pass-level reproduction is in `{PASS_REPRO}/` (the module before the pass as TVMScript, "
+            "and the pass).") if found.stage == "pass" and not getattr(found.repro, "why_not", "x") else ""
+    return f"{found.headline()}\n\n{lines}{more}\n\n"
+
+
+def readme(result: Reduction, transcript: str | None, found=None) -> str:
+    """README.md of the folder: versions, build, the bug in one sentence, its blame (the stage of TVM
+    responsible), how to run, its output."""
     import onnx
     import onnxruntime
 
@@ -260,7 +275,7 @@ def readme(result: Reduction, transcript: str | None) -> str:
     output = (f"Output of `python repro.py` when this folder was written:\n\n```\n{transcript.rstrip()}\n```\n"
               if transcript else "")
     return (f"# [Bug][Relax][ONNX] {result.headline()}\n\n"
-            f"{result.statement()}.\n\n| | |\n|---|---|\n{table}\n\n"
+            f"{result.statement()}.\n\n{_blame_section(found)}| | |\n|---|---|\n{table}\n\n"
             "## Reproduce\n\n```bash\npip install apache-tvm onnx onnxruntime numpy\npython repro.py   "
             "# exit status 1 while the bug is present\n```\n\n"
             "`model.onnx` is the reduced model; `inputs.npz` holds its inputs (the original model's "
