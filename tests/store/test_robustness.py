@@ -193,18 +193,30 @@ def test_cli_ctrl_c_exits_2_with_one_line(tmp_path, ctrl_c):
     config = tmp_path / "c.yaml"
     config.write_text(f"model: {{demo: {{num_layers: 6}}}}\noutput: {{dump: {tmp_path / 'dump'}}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "tvm_probe.app.cli", "-q", "run", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    maps = Path(f"/proc/{proc.pid}/maps")
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    while "libtvm" not in maps.read_text() and time.monotonic() < deadline:  # TVM loaded: the job is on
+    while not _loaded_tvm(proc.pid) and time.monotonic() < deadline:  # TVM loaded: the job is on
         time.sleep(0.05)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to tvm-probe and the child it watches
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert err.strip().splitlines()[-1] == "tvm-probe: error: interrupted (no partial dump or report is left behind)"
     assert "Traceback" not in err
     assert not (tmp_path / "dump").exists() and [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def _loaded_tvm(pid: int) -> bool:
+    """Whether ``pid``, or the watched child doing its job (capture/watch.py), has loaded TVM."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [pid, *(int(c) for c in (children.read_text().split() if children.exists() else []))]
+    for p in pids:
+        try:
+            if "libtvm" in Path(f"/proc/{p}/maps").read_text():
+                return True
+        except OSError:  # gone meanwhile
+            continue
+    return False
 
 
 def test_a_ctrl_c_after_the_work_is_done_changes_nothing():

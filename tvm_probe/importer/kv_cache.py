@@ -153,31 +153,62 @@ def _numpy(dtype: str):
     return _NUMPY_DTYPES[dtype]
 
 
-def opaque_notes(mod) -> dict[str, str]:
-    """``{kernel name: why it has no value}`` for the kernels a KV cache calls from C++."""
+def opaque_notes(mod, added=(), kv: str | None = None, attention: str | None = None) -> dict[str, str]:
+    """``{kernel name: why it has no value}`` for the kernels a KV cache calls from C++: TIR
+    kernels inside TVM's paged KV cache, no source values.
+
+    Args:
+        mod: the module whose functions create caches (as imported, or as built: a pipeline may
+            have swapped the creator, as MLC-LLM's ``DispatchKVCacheCreation`` does).
+        added: names of the functions the pipeline added (not in the module imported): a kernel
+            of a cache one of them creates says so.
+        kv: the name of a K the caches hold, to read instead (``paged_kv_cache.layers.0.k``);
+            by default the first that ``mod``'s functions attend with, else its pattern.
+        attention: a module path of an attention output to read instead
+            (``model.layers.0.self_attn.attention_with_fused_qkv``); by default its pattern.
+    """
     from tvm import relax
 
+    kv = kv or next(iter(cache_names(mod)), "<cache>.layers.<i>.k")
+    read = f"{kv} / .v (the cache's K/V after a call)"
+    attention = attention or "<module>.attention_with_fused_qkv"
     notes = {}
-    for func in mod.functions.values():
+    for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function):
             continue
+        creator = gv.name_hint
+        made = f"{creator}, a function the pipeline added" if creator in added else creator
         for block in func.body.blocks:
             for b in block.bindings:
                 if not _creates_cache(b.value):
                     continue
                 for callee in relax.analysis.all_global_vars(b.value):
                     notes[callee.name_hint] = (
-                        f"{callee.name_hint} runs inside TVM's paged KV cache, called from its C++ (not by a VM "
-                        "instruction), so no instrument sees it and its values (RoPE'd q/k, attention scores) "
-                        "cannot be captured; the attention output is served (<module>.attention_with_fused_qkv) "
-                        "and the cache's K/V after any call (<cache>.layers.<i>.k / .v)")
+                        f"{callee.name_hint} is a TIR kernel inside TVM's paged KV cache, not a source value: the "
+                        f"cache (created by {made}) calls it from its C++, not by a VM instruction, so no "
+                        "instrument sees it and its values (RoPE'd q/k, attention scores) cannot be captured; read "
+                        f"instead {read} or the attention output ({attention})")
     return notes
 
 
-def _creates_cache(value) -> bool:
-    """A ``call_pure_packed`` of a ``vm.builtin.*kv_cache_create`` builtin."""
+def cache_names(mod) -> list[str]:
+    """The K/V names (``paged_kv_cache.layers.0.k``...) of the caches the functions of ``mod``
+    attend with, each once, in the order of the functions."""
     from tvm import relax
 
-    if not isinstance(value, relax.Call) or not value.args:
+    return list(dict.fromkeys(n for func in mod.functions.values() if isinstance(func, relax.Function)
+                              for layout in cache_layouts(func) for n in layout.names()))
+
+
+def _creates_cache(value) -> bool:
+    """A call of a ``vm.builtin.*kv_cache_create`` builtin: ``call_pure_packed`` (a module as
+    imported) or the direct call lowering leaves of it (a module as built)."""
+    from tvm import relax
+
+    if not isinstance(value, relax.Call):
+        return False
+    if isinstance(value.op, relax.ExternFunc):
+        return str(value.op.global_symbol).endswith("kv_cache_create")
+    if not value.args:
         return False
     return str(getattr(value.args[0], "global_symbol", "")).endswith("kv_cache_create")

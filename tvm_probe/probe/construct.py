@@ -20,7 +20,7 @@ from ..diagnose import compile_with_snapshots
 from ..importer import ImportedFunctions, ImportedModel, adapter_for, adapter_of
 from ..importer.relax import hold_on_device
 from ..kernel_map import build_kernel_map
-from .functions import function_built
+from .functions import as_built, function_built
 
 
 P = TypeVar("P", bound="Constructors")
@@ -174,19 +174,26 @@ class Constructors:
     @classmethod
     def from_functions(cls: type[P], functions: ImportedFunctions, target=DEFAULT_TARGET,
                        pipeline: PipelineLike = DEFAULT_PIPELINE) -> P:
-        """One compile of ``functions.mod``; a function probe per model of ``functions.models``;
-        the first is the one returned (:attr:`functions` has them all)."""
+        """One compile of ``functions.mod``; a function probe per function of the executable;
+        the first is the one returned (:attr:`functions` has them all).  A pipeline may rename,
+        add and remove functions (MLC-LLM's ``DispatchKVCacheCreation``): the probe follows the
+        executable as built (:func:`~tvm_probe.probe.functions.as_built`)."""
         models = functions.models
         if not models:
             raise ModelError("the module has no Relax function to run (every one is called by another): "
                              "give the entry function a global_symbol")
         built = compile_with_snapshots(functions.mod, target, pipeline)
-        hold_on_device(models, built.device)
+        # the executable's functions, as the pipeline left them (renamed, added, removed: functions.py)
+        executable = as_built(models, functions.mod, built)
+        hold_on_device(executable.models, built.device)
+        before = {new: old for old, new in executable.renamed.items()}
         probes = {}
-        for name, model in models.items():
-            fbuilt = function_built(built, name)
-            probes[name] = cls(model, fbuilt, build_kernel_map(model, fbuilt.snapshots))
-        return cls.serving_functions(probes, functions.hf)
+        for name, model in executable.models.items():
+            fbuilt = function_built(built, name, imported_as=before.get(name))
+            kernel_map = build_kernel_map(model, fbuilt.snapshots)
+            executable.explain(name, kernel_map)
+            probes[name] = cls(model, fbuilt, kernel_map)
+        return cls.serving_functions(probes, functions.hf, executable)
 
     @classmethod
     def from_imported(cls: type[P], imported: ImportedModel, target=DEFAULT_TARGET,

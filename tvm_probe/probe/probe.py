@@ -18,7 +18,7 @@ from ..capture.executor import Capture, CapturePlanner, DebugExecutor
 from ..capture.plan import CapturePlan
 from ..capture.weights_only import WeightsOnly
 from ..core.device import device_label
-from ..core.errors import NotRunError, ProbeError
+from ..core.errors import NotRunError, ProbeError, UnknownNameError
 from ..core.inputs import InputChecker
 from ..core.results import NodeInfo, Results
 from ..core.viewable import Viewable
@@ -28,7 +28,7 @@ from ..kernel_map import KernelMap, PlaceKind, classify
 from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
 from .calls import CallArguments, CallLog, CallRecord, compare_call, compare_named
 from .construct import Constructors
-from .functions import KVCaches
+from .functions import BuiltFunctions, KVCaches
 from .generate import generate
 from .nodes import show_run, static_nodes
 from .serving import ValueServer, join_build
@@ -98,14 +98,16 @@ class Probe(Constructors, Results, Viewable):
 
     # -- construction (the constructors are construct.py's) --------------------------------------
     @staticmethod
-    def serving_functions(probes: Mapping[str, "Probe"], hf=None) -> "Probe":
+    def serving_functions(probes: Mapping[str, "Probe"], hf=None, executable: BuiltFunctions | None = None) -> "Probe":
         """The first of ``probes`` (one per function of one build, by name) made to serve them
         all: every function runs in its VM, :meth:`call` reaches each by name; ``hf``: what
-        :meth:`generate` needs of a transformers causal LM (:meth:`from_hf`)."""
+        :meth:`generate` needs of a transformers causal LM (:meth:`from_hf`); ``executable``: what
+        the pipeline did to the imported functions (asking for one it renamed or removed says so)."""
         first, *rest = probes.values()
         for probe in rest:
             probe._executor.share_vm(first._executor)
-        first._functions = dict(probes)
+        first._functions = _Functions(probes)
+        first._functions.executable = executable
         if hf is not None:
             first.hf = hf
         return first
@@ -124,8 +126,12 @@ class Probe(Constructors, Results, Viewable):
 
     @property
     def functions(self) -> dict[str, "Probe"]:
-        """Function name → the probe of that function (this one among them)."""
-        return dict(self._functions)
+        """Function name → the probe of that function (this one among them): the functions of
+        the executable as built (a pipeline may have renamed, added or removed some; looking up
+        one it renamed or removed says what became of it)."""
+        found = _Functions(self._functions)
+        found.executable = getattr(self._functions, "executable", None)
+        return found
 
     @property
     def vm(self):
@@ -375,10 +381,7 @@ class Probe(Constructors, Results, Viewable):
         return compare_call(self, reference, call, name_map, atol, rtol)
 
     def _function_probe(self, function: str) -> "Probe":
-        if function not in self._functions:
-            raise ProbeError(f"the executable has no function {function!r}: it has "
-                             f"{', '.join(self._functions)}")
-        return self._functions[function]
+        return self.functions[function]
 
     @property
     def import_fixes(self) -> list:
@@ -648,6 +651,18 @@ class Probe(Constructors, Results, Viewable):
 #: What a run leaves on a probe (restored by :meth:`Probe.verify`, which runs it once more).
 _RUN_STATE = ("_capture", "_wanted", "_values", "_folded", "_calls", "_serve_run")
 
+
+
+class _Functions(dict):
+    """``{function: probe}`` of one executable; a name it lacks raises :class:`UnknownNameError`
+    (a ``KeyError``) that says what the pipeline did to it, if it was imported."""
+
+    executable: BuiltFunctions | None = None
+
+    def __missing__(self, function):
+        became = self.executable.became(function) if self.executable is not None else None
+        raise UnknownNameError(f"the executable has no function {function!r}: "
+                               + (became or f"it has {', '.join(self)}"), hint=None)
 
 
 def _hand_over(capture: Capture):

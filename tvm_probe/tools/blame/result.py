@@ -54,7 +54,7 @@ class Blame:
         lines = [self.headline(), *(f"  {line}" for line in self.evidence)]
         if self.primfunc:
             lines += ["  the op's kernel:", *(f"    {line}" for line in self.primfunc.splitlines())]
-        lines.append(f"  ({self.builds} builds, {self.seconds:.1f} s)")
+        lines.append(f"  ({self.builds} build{'' if self.builds == 1 else 's'}, {self.seconds:.1f} s)")
         return "\n".join(lines)
 
     def write_repro(self, out_dir, overwrite: bool = False) -> Path:
