@@ -15,7 +15,8 @@ from support.models import cnn_inputs, small_cnn
 from support.tvm_bugs import BUGS
 from support.tvm_pass_bugs import BUGS as PASS_BUGS
 from tvm_probe.tools.blame import STAGES as BLAME_STAGES
-from tvm_probe.tools.blame import blame, ddmin
+from tvm_probe.core.minimize import ddmin
+from tvm_probe.tools.blame import blame
 
 
 def _step_path(path: str, step: str) -> str:
@@ -118,7 +119,7 @@ def test_ddmin_keeps_a_one_minimal_ordered_subsequence():
         calls.append(list(items))
         return 3 in items and 7 in items and items.index(3) < items.index(7)
 
-    assert ddmin(list(range(10)), fails) == [3, 7]
+    assert ddmin(list(range(10)), fails) == [3, 7]  # (blame's passes: the steps a compile failure needs)
     assert all(c == sorted(c) for c in calls)  # order is kept
 
 

@@ -15,7 +15,7 @@ independent evaluation that tells the importer from the kernel), :mod:`.result` 
 from __future__ import annotations
 
 from .entry import FINISH, blame
-from .repro import ddmin, lift_constants, pass_constructor
+from .repro import lift_constants, pass_constructor
 from .result import STAGES, Blame
 
-__all__ = ["blame", "Blame", "STAGES", "FINISH", "ddmin", "lift_constants", "pass_constructor"]
+__all__ = ["blame", "Blame", "STAGES", "FINISH", "lift_constants", "pass_constructor"]

@@ -33,6 +33,7 @@ import numpy as np
 
 from ...build.compile import target_literal
 from ...core.errors import ProbeError, failure_identity, one_line, same_failure_as
+from ...core.minimize import ddmin
 from ...core.native_log import native_log_to_logging, release_native
 from ...core.tolerance import default_tolerance
 from ...store.atomic import replace_folder
@@ -109,28 +110,6 @@ def _has_constant(func) -> bool:
     return bool(seen)
 
 
-def ddmin(items: list, fails) -> list:
-    """The smallest ordered sub-list of ``items`` (1-minimal: removing any one item stops it
-    failing) for which ``fails(sub_list)`` holds; ``fails(items)`` must hold (Zeller's ddmin)."""
-    n = 2
-    while len(items) >= 2:
-        chunk = -(-len(items) // n)
-        parts = [items[i:i + chunk] for i in range(0, len(items), chunk)]
-        reduced = False
-        for i in range(len(parts)):
-            rest = [x for j, p in enumerate(parts) if j != i for x in p]
-            if fails(rest):
-                items, n, reduced = rest, max(n - 1, 2), True
-                break
-        if not reduced:
-            if n >= len(items):
-                break
-            n = min(n * 2, len(items))
-    if len(items) == 1 and fails([]):
-        return []
-    return items
-
-
 # ------------------------------------------------------------------ the two kinds of reproduction
 @dataclass
 class PassRepro:
@@ -166,8 +145,10 @@ class PassRepro:
             repro.why_not = (f"{step.name} alone on the module before it does not fail, and the pipeline's steps "
                              "cannot all be made by name")
             return repro
-        kept = ddmin(earlier, lambda sub: _fails_as(imported.mod, sub + [alone], record.target, want))
-        repro.module, repro.passes = imported.mod, kept + [alone]
+        # by index: a pipeline may run one pass twice (FoldConstant), and ddmin tells items apart by equality
+        kept = ddmin(list(range(len(earlier))),
+                     lambda sub: _fails_as(imported.mod, [earlier[i] for i in sub] + [alone], record.target, want))
+        repro.module, repro.passes = imported.mod, [earlier[i] for i in kept] + [alone]
         repro.note = (f"{step.name} alone on the module right before it does not fail; these steps of the pipeline "
                       "from the imported module do (the smallest ordered subsequence, by delta debugging)")
         return repro

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ...core.metrics import error_stats
+from ...core.minimize import ddmin
 from ...core.schema import DEFAULT_PIPELINE, DEFAULT_TARGET, Exit
 from ...core.tolerance import default_tolerance, within
 from ...probe.probe import Probe
@@ -159,32 +160,6 @@ def find_keep_fp32(imported, inputs, target=DEFAULT_TARGET, pipeline=DEFAULT_PIP
     keep = ddmin(candidates[:hi], lambda subset: check(subset).passed)
     return Search(found=True, keep_fp32=keep, rebuilds=len(checks), kept=check(keep),
                   all_fp32=everything, **base)
-
-
-def ddmin(items: list, passes: Callable[[list], bool]) -> list:
-    """A 1-minimal sublist of ``items`` that still ``passes`` (Zeller's delta debugging; ``items``
-    itself must pass): removing any single element of the result fails."""
-    current, n = list(items), 2
-    while len(current) >= 2:
-        size = -(-len(current) // n)
-        chunks = [current[i:i + size] for i in range(0, len(current), size)]
-        for chunk in chunks:
-            if passes(chunk):
-                current, n = chunk, 2
-                break
-        else:
-            for chunk in chunks:
-                rest = [x for x in current if x not in chunk]
-                if rest and passes(rest):
-                    current, n = rest, max(n - 1, 2)
-                    break
-            else:
-                if n >= len(current):
-                    break
-                n = min(2 * n, len(current))
-    if len(current) == 1 and passes([]):
-        return []
-    return current
 
 
 # -- tvm-probe precision CONFIG -o DIR -------------------------------------------------------------
