@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...build.compile import CALL_GRAPH_PASSES, parse_target, resolve_pipeline, run_pipeline_recorded
-from ...build.passes import PassRun, failing_bindings, single_binding_module
+from ...build.passes import PassRun, failing_bindings, op_name, single_binding_module
 from ...capture.watch import run_watched
 from ...comparison.reference import get_reference, is_no_reference, reference_for
 from ...comparison.verdict import compare, compare_arrays
@@ -320,7 +320,7 @@ class _Blamer:
             return Blame("importer", "divergence", value=div.name,
                          evidence=[head, f"the imported module declares it {list(shape)}; the reference's is "
                                          f"{list(want)}: the importer already wrote another shape"])
-        op = _op_name(binding.value)
+        op = op_name(binding.value)
         if op == "relax.call_tir":
             kernel = binding.value.args[0].name_hint
             blame = Blame("kernel", "divergence", value=div.name, kernel=kernel,
@@ -471,10 +471,6 @@ def _binding_by_var(imported, var):
 def _short(value) -> str:
     """A value in a few characters (a constant in the evidence)."""
     return np.array2string(np.asarray(value), threshold=8, precision=4, separator=", ")
-
-
-def _op_name(value) -> str:
-    return str(getattr(getattr(value, "op", None), "name", type(value).__name__))
 
 
 def _legalized(mod, binding) -> str | None:
