@@ -29,6 +29,9 @@ _LAZY = {
     "QuantSpec": ".importer.quantize",
 }
 
+#: the stages a user reaches as attributes (``tvm_probe.llm``, ``tvm_probe.tools``), imported on first use
+_STAGES = ("llm", "tools", "show", "comparison", "importer", "probe", "store", "core")
+
 __all__ = [
     *_LAZY, "demo", "ProbeError", "ModelError", "UnsupportedOpError", "PipelineError",
     "InputError", "NameLookupError", "UnknownNameError", "AmbiguousNameError", "NotRunError",
@@ -44,4 +47,6 @@ def __getattr__(name):  # lazy: keep `import tvm_probe` light
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     if name == "demo":
         return importlib.import_module(".importer.demo", __name__)
+    if name in _STAGES:  # (``tvm_probe.llm.compare_generation`` after ``import tvm_probe``)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'tvm_probe' has no attribute {name!r}")

@@ -3,8 +3,8 @@ as built.
 
 MLC-LLM's ``DispatchKVCacheCreation`` (run by every MLC build) drops the exported
 ``create_paged_kv_cache`` and adds ``create_tir_paged_kv_cache``, which creates TVM's paged KV
-cache with its TIR kernels.  The pass below is our own, written as MLC's is (a module pass that
-takes the creator out and builds the new one with a BlockBuilder); the model is the project's nn
+cache with its TIR kernels.  The pass is our own (``tvm_probe.importer.demo_mlc``), written as
+MLC's is (a module pass that takes the creator out and builds the new one with a BlockBuilder); the model is the project's nn
 Llama (tests/support/nn_llama.py), built with and without the pass in front of TVM's
 ``default`` pipeline: every module path served without the pass is served with it, equal.
 """
@@ -17,10 +17,10 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
-from tvm.relax.frontend.nn.llm.kv_cache import RopeMode, TIRPagedKVCache  # noqa: E402
 
 from support.nn_llama import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from tvm_probe import Probe  # noqa: E402
+from tvm_probe.importer.demo_mlc import DispatchKVCacheCreation as SwapKVCacheCreator  # noqa: E402
 from tvm_probe.core.errors import UnknownNameError  # noqa: E402
 from tvm_probe.core.sources import Kind, Served  # noqa: E402
 
@@ -30,45 +30,6 @@ CREATOR_ARGS = (ST([1]), ST([64]), ST([32]), ST([16]), ST([0]))
 PROMPT = np.array([[5, 17, 99, 3, 64]], dtype="int32")
 TOKENS = [PROMPT, np.array([[11]], dtype="int32"), np.array([[42]], dtype="int32")]
 NOT_SERVED = (Served.UNKNOWN, Served.UNAVAILABLE)
-
-
-@tvm.transform.module_pass(opt_level=0, name="SwapKVCacheCreator")
-class SwapKVCacheCreator:
-    """Replaces ``create_paged_kv_cache`` with ``create_tir_paged_kv_cache``, which creates the
-    same TIR-based paged KV cache from the model's configuration (as MLC's pass does from the
-    metadata of the generic creator).  The kernels only the old creator used go with it, so the
-    new creator's kernels take their names (``fused_rope``...)."""
-
-    def __init__(self, config: LlamaConfig):
-        self.config = config
-
-    def transform_module(self, mod, _ctx):
-        names = {gv.name_hint for gv in mod.functions}
-        if "create_paged_kv_cache" not in names:
-            return mod
-        others = [f for gv, f in mod.functions.items()
-                  if isinstance(f, relax.Function) and gv.name_hint != "create_paged_kv_cache"]
-        used = {gv.name_hint for f in others for gv in relax.analysis.all_global_vars(f)}
-        only_creator = {gv.name_hint for gv in relax.analysis.all_global_vars(mod["create_paged_kv_cache"])} - used
-        kept = {gv: f for gv, f in mod.functions.items()
-                if gv.name_hint != "create_paged_kv_cache" and gv.name_hint not in only_creator}
-        bb = relax.BlockBuilder(tvm.IRModule(kept, attrs=mod.attrs))
-        sizes = [tvm.tirx.Var(n, "int64") for n in ("max_batch_size", "max_total_seq_len", "prefill_chunk_size",
-                                                    "page_size", "support_sliding_window")]
-        params = [relax.Var(f"{s.name}_", relax.ShapeType([s])) for s in sizes]
-        c = self.config
-        with bb.function("create_tir_paged_kv_cache", params=params):
-            cache = TIRPagedKVCache(
-                attn_kind="mha", max_batch_size=sizes[0], max_total_seq_len=sizes[1],
-                prefill_chunk_size=sizes[2], page_size=sizes[3], support_sliding_window=sizes[4],
-                layer_partition=relax.ShapeExpr([0, c.num_hidden_layers]), num_hidden_layers=c.num_hidden_layers,
-                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                qk_head_dim=c.head_dim, v_head_dim=c.head_dim, mla_original_qk_head_dim=0,
-                mla_original_v_head_dim=0, rope_mode=RopeMode.NORMAL, rope_scale=1, rope_theta=c.rope_theta,
-                rope_scaling={}, rope_ext_factors=relax.prim_value(0), rotary_dim=c.head_dim,
-                enable_disaggregation=False, dtype="float32", target=tvm.target.Target("llvm"))
-            bb.emit_func_output(cache._expr)
-        return bb.finalize()
 
 
 def renaming(copy: bool):

@@ -533,7 +533,9 @@ def test_a_token_id_outside_the_vocabulary_is_refused_in_one_line_before_tvm_rea
 
 def test_bad_generate_arguments_are_one_line_errors():
     probe = Probe.from_torch(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
-    with pytest.raises(Exception, match=r"^generate\(\) needs a probe made by Probe.from_hf$"):
+    with pytest.raises(Exception, match=r"^generate\(\) needs a probe made by Probe.from_hf, or by Probe.from_nn "
+                                        r"of a model with MLC-LLM's functions \(embed, prefill, decode and a KV "
+                                        r"cache creator\)$"):
         probe.generate(np.array([[1, 2]]), steps=2)
     with pytest.raises(ModelError, match=r"^from_hf takes a transformers \*ForCausalLM model, not a Linear$"):
         Probe.from_hf(torch.nn.Linear(2, 2))

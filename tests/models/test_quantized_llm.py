@@ -66,6 +66,10 @@ def test_q4f32_1_every_module_path_at_every_step_equals_eager_with_the_dequantiz
     for call in range(STEPS):
         names = {v.name for v in result.calls.by_call[call].comparison.values}
         assert {"module:model.layers.0.self_attn", "module:model.layers.1.mlp", "module:lm_head"} <= names
+    # the model itself as reference= (teacher-forced with the generation's tokens): the same verdict,
+    # and against the float original the quantized build is not within tolerance
+    assert compare_generation(probe, reference=eager), "reference=model"
+    assert not compare_generation(probe, reference=model)
 
     # the packed weights are what the executable takes; the float weight is computed in its kernels
     decode = probe.functions["decode"].imported

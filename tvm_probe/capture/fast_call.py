@@ -106,11 +106,11 @@ class FastCall:
         :class:`~tvm_probe.capture.weights_only.WeightsOnly` serving the weights-only outputs
         its captures leave out (a call of everything, this call of its reduced plan).  None where a run
         needs Python during or around it (outputs handed over as they come, inputs kept for
-        recomputing), where kernel times live in the session's buffer (a static plan's, which
-        the next run overwrites), or without the library.  Outputs go into the session's own
-        arenas (a run holds its arena; the next takes another)."""
+        recomputing), or without the library.  Outputs go into the session's own arenas (a run
+        holds its arena; the next takes another); a static plan's kernel times, which live in the
+        session's buffer, are copied after each run."""
         prepared = self._prepared
-        if prepared is not None and (prepared.untracked or prepared.streaming or self._timed and not prepared.dynamic):
+        if prepared is not None and (prepared.untracked or prepared.streaming):
             return None
         try:
             library = native.load()
@@ -119,6 +119,11 @@ class FastCall:
         hooked = None if prepared is None else (self._vm.switch, prepared.session, self._expected)
         return DirectCall(self, library.prepare_call(self._function, params, arguments, hooked), params, arguments,
                           types, weights)
+
+    @property
+    def timed_in_buffer(self) -> bool:
+        """Whether its runs' kernel times are in the session's buffer (a static plan's, timed)."""
+        return self._timed and self._prepared is not None and not self._prepared.dynamic
 
     @property
     def session(self):
@@ -149,9 +154,10 @@ class DirectCall:
 
     * None when nothing ran (another type, an array its parameter refuses: the caller's checked
       path says what is wrong);
-    * ``(returned, (total_us, arena, copied_bytes))`` after a run: what the function returned,
-      then what its :class:`Capture` is made of when asked for (:meth:`capture`): the arena the
-      hooks copied into (None: nothing hooked);
+    * ``(returned, (total_us, arena, copied_bytes, times))`` after a run: what the function
+      returned, then what its :class:`Capture` is made of when asked for (:meth:`capture`): the
+      arena the hooks copied into (None: nothing hooked), and a static plan's kernel times (a
+      copy: the next run writes the session's buffer again; None: in the arena, or not timed);
     * the :class:`Capture` of the run through TVM's instrument, after a failure (as
       :class:`FastCall` does).
 
@@ -165,7 +171,8 @@ class DirectCall:
             out none).
     """
 
-    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_tail", "_session", "_weights")
+    __slots__ = ("_fast", "_call", "_status", "_keep", "_params", "_free", "_types", "_tail", "_session", "_weights",
+                 "_times")
 
     def __init__(self, fast: FastCall, prepared, params: list, arguments: list[PreparedArgument], types: tuple,
                  weights: WeightsOnly | None = None):
@@ -173,6 +180,8 @@ class DirectCall:
         self._keep = prepared  # (the switch and session its native call uses stay open while it lives)
         self._params, self._free, self._types = params, [a.position for a in arguments], _types_check(types)
         self._session = fast.session  # (None: nothing hooked)
+        # (a static plan's times are in the session's buffer, which the next run writes again)
+        self._times = fast.timed_in_buffer
         # the caller's arguments first, the held weights after them (as compiled functions take
         # them): the whole list in one step
         self._tail = params[len(self._free):] if self._free == list(range(len(self._free))) else None
@@ -193,20 +202,23 @@ class DirectCall:
         if not ran:
             return None
         if self._session is None:
-            return returned, (nanos / 1e3, None, 0)
+            return returned, (nanos / 1e3, None, 0, None)
         if changed:
             return self._served(fast.rerun(TVMBehaviourChanged(
                 "the hooked kernels were called other than the kernel map has call sites of them"), self.arguments(args)))
         # (held, the arena is the run's own: the next run copies into another)
-        return returned, (nanos / 1e3, self._session.arena_tensor(), copied)
+        times = self._session.times.copy() if self._times else None
+        return returned, (nanos / 1e3, self._session.arena_tensor(), copied, times)
 
     def capture(self, args: tuple, ran: tuple) -> Capture:
-        """The Capture of a run of ``args``; ``ran``: ``(total_us, arena, copied_bytes)`` of it."""
-        total_us, arena, copied_bytes = ran
+        """The Capture of a run of ``args``; ``ran``: ``(total_us, arena, copied_bytes, times)`` of it."""
+        total_us, arena, copied_bytes, times = ran
         capture = Capture.of_call(self.arguments(args), HOOK, total_us, None)
         if arena is not None:
             capture.copied_bytes = copied_bytes
             self._fast.keep_outputs(capture, arena)
+        if times is not None:
+            capture.timing = capture.timing[0], times
         return self._served(capture)
 
     def _served(self, capture: Capture) -> Capture:

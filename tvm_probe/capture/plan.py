@@ -43,9 +43,10 @@ class CapturePlanner:
     def __init__(self, kernel_map: KernelMap, names):
         self._km, self._names = kernel_map, names
         passed = {p.site for p in kernel_map.places.values() if p.kind is PlaceKind.ARGUMENT}
+        # (an element of a tuple parameter — a packed weight — is read from the call's arguments)
         self._untracked_all = frozenset(s.index for s in kernel_map.sites
                                         if (s.group or s.index in passed)
-                                        and any(a.kind is ArgKind.UNTRACKED for a in s.args))
+                                        and any(a.kind is ArgKind.UNTRACKED and a.param_item is None for a in s.args))
         self._selections: dict[tuple[str, ...], tuple[CapturePlan, set[str]]] = {}
         self._any_interior = any(p.kind is PlaceKind.INTERIOR for p in kernel_map.places.values())
         self._everything = CapturePlan(outputs=None, untracked_inputs=self._untracked_all), None

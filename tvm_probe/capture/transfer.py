@@ -8,6 +8,8 @@ to those held tensors, which the next run writes into: each it may refer to is g
 """
 from __future__ import annotations
 
+import functools
+
 import time
 
 import numpy as np
@@ -43,10 +45,13 @@ def _held_input(array: np.ndarray, device) -> tuple:
 
 def _data_pointers(value) -> list[int] | None:
     """The data pointers of the tensors in a VM function's result (tensors, shapes, tuples of
-    them); None when it holds anything else (an object whose references cannot be seen)."""
+    them); None when it holds anything else (an object whose references cannot be seen).  TVM's
+    KV states (the paged KV cache a decode step returns) hold only memory they allocated: none."""
     if hasattr(value, "data_ptr"):
         return [value.data_ptr()]
     if type(value).__name__ == "Shape" or isinstance(value, (int, float, str)) or value is None:
+        return []
+    if _is_kv_state(type(value)):
         return []
     if type(value).__name__ in ("Array", "list", "tuple"):
         pointers = []
@@ -57,6 +62,13 @@ def _data_pointers(value) -> list[int] | None:
             pointers += inner
         return pointers
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _is_kv_state(kind: type) -> bool:
+    """Whether ``kind`` is TVM's ``relax.vm.KVState`` or derives from it (see :func:`_data_pointers`)."""
+    return any(getattr(getattr(k, "__tvm_ffi_type_info__", None), "type_key", None) == "relax.vm.KVState"
+               for k in kind.__mro__)
 
 
 def _flatten(value) -> list:

@@ -23,7 +23,8 @@ from .result import Capture
 
 def weights_only_sites(km: KernelMap, weight_inputs) -> frozenset[int]:
     """The call sites whose outputs depend on constants and the weights alone: every argument a
-    constant, a weight (a parameter at ``weight_inputs``) or an output of such a site, the output
+    constant, a weight (a parameter at ``weight_inputs``, or an element of one: packed weights)
+    or an output of such a site, the output
     shapes static (no shape variable of the call), and no VM builtin or packed function (a KV
     cache's attention reads state no argument shows).  Sites are in call order, so one pass sees
     each argument's site first."""
@@ -34,6 +35,7 @@ def weights_only_sites(km: KernelMap, weight_inputs) -> frozenset[int]:
         if any(not isinstance(d, (int, np.integer)) for shape in site.out_shapes for d in shape):
             continue
         if all(a.kind is ArgKind.CONST or (a.kind is ArgKind.INPUT and a.input_index in weights)
+               or (a.param_item is not None and a.param_item[0] in weights)
                or (a.kind is ArgKind.NODE and a.node in found) for a in site.args):
             found.add(site.index)
     return frozenset(found)

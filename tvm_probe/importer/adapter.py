@@ -26,11 +26,14 @@ class ImportedFunctions:
         mod: the IRModule compiled (every function as imported, before any pass).
         models: function name → its :class:`~tvm_probe.importer.relax.FunctionModel`.
         hf: for a transformers causal LM, what generation needs (:class:`~tvm_probe.importer.hf.HFModel`).
+        serving: for an nn model, what its config says about serving it as MLC-LLM does
+            (``context_window_size``, ``prefill_chunk_size``, ``vocab_size``...: :func:`~.nn.serving_config`).
     """
 
     mod: Any
     models: dict = field(default_factory=dict)
     hf: Any = None
+    serving: dict = field(default_factory=dict)
 
 
 class SourceGraph(NamedTuple):

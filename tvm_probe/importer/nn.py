@@ -164,6 +164,24 @@ def _last_per_function(calls: list, model: FunctionModel) -> dict[str, Any]:
     return last
 
 
+#: the config entries MLC-LLM's runtime serves a model with (``mlc-chat-config.json``'s names)
+SERVING_KEYS = ("context_window_size", "max_position_embeddings", "max_sequence_length", "prefill_chunk_size",
+                "max_batch_size", "sliding_window_size", "attention_sink_size", "vocab_size")
+
+
+def serving_config(module) -> dict[str, int]:
+    """The :data:`SERVING_KEYS` the module's ``config`` (else the module itself, as MLC's models
+    keep ``vocab_size``) gives as integers: what generation makes the KV cache with."""
+    config = getattr(module, "config", None)
+    found = {}
+    for key in SERVING_KEYS:
+        value = getattr(config, key, None) if config is not None else None
+        value = getattr(module, key, None) if value is None else value
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            found[key] = int(value)
+    return found
+
+
 class NNAdapter(ModelAdapter):
     """``tvm.relax.frontend.nn`` modules, exported with ``export_tvm``: values by module path."""
 
@@ -176,4 +194,4 @@ class NNAdapter(ModelAdapter):
     def import_functions(self, model, spec=None, params: Mapping[str, Any] | None = None) -> ImportedFunctions:
         """Every function ``export_tvm(spec=spec)`` makes of the module ``model`` (see :func:`import_nn`)."""
         mod, models = import_nn(model, spec, params)
-        return ImportedFunctions(mod=mod, models=models)
+        return ImportedFunctions(mod=mod, models=models, serving=serving_config(model))

@@ -252,6 +252,7 @@ def call_sites(main, functions=None) -> MainCalls:
     sites: list[CallSite] = []
     site_vars = []
     produced: dict = {}          # Var → SiteOutput
+    items: dict = {}             # Var → (parameter position, element index): an element of a tuple parameter
 
     def arg_source(expr) -> ArgSource:
         if isinstance(expr, relax.Var):
@@ -260,7 +261,7 @@ def call_sites(main, functions=None) -> MainCalls:
                 return ArgSource(ArgKind.NODE, node=node, output=k)
             if expr in params:
                 return ArgSource(ArgKind.INPUT, input_index=params[expr])
-            return ArgSource(ArgKind.UNTRACKED)
+            return ArgSource(ArgKind.UNTRACKED, param_item=items.get(expr))
         if isinstance(expr, tvm.ir.expr.GenericConst):
             return ArgSource(ArgKind.CONST, const=expr)
         return ArgSource(ArgKind.UNTRACKED)
@@ -273,6 +274,9 @@ def call_sites(main, functions=None) -> MainCalls:
             continue
         if isinstance(value, relax.Var) and value in produced:
             produced[var] = produced[value]
+            continue
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in params:
+            items[var] = (params[value.tuple_value], int(value.index))
             continue
         if not symbol:
             continue  # not a kernel: shape plumbing, tuples, packed builtins, Ifs

@@ -23,13 +23,16 @@ class ArgKind(str, Enum):
 
 @dataclass(frozen=True)
 class ArgSource:
-    """One kernel argument: ``kind`` and, by kind, ``node``/``output``, ``input_index`` or ``const``."""
+    """One kernel argument: ``kind`` and, by kind, ``node``/``output``, ``input_index`` or ``const``;
+    an untracked element of a tuple parameter (a weight of MLC's packed parameters) also says
+    which: ``param_item`` = (the parameter's position, the element's index)."""
 
     kind: ArgKind
     node: int = -1
     output: int = 0
     input_index: int = -1
     const: Any = None
+    param_item: tuple | None = None
 
 
 class PlaceKind(str, Enum):

@@ -14,8 +14,8 @@ LOG_LOW, LOG_HIGH = -8, 0  # the colour scale: 1e-8 (green) to 1 (red), log10
 def _layer_values(comparison):
     """``{step: {"layer i": ValueComparison}}``: each decoder layer's output at each step."""
     rows: dict[int, dict] = {}
-    for step, (_, _, call) in enumerate(comparison.calls.by_call):
-        for value in call.values:
+    for step, calls in enumerate(comparison.by_step()):
+        for value in (v for _, _, call in calls for v in call.values):
             found = _LAYER.match(value.name)
             if found:
                 rows.setdefault(step, {})[f"layer {int(found[2])}"] = value

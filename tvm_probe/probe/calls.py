@@ -52,7 +52,7 @@ class CallLog:
 
     def __init__(self):
         # a CallRecord per call; a call that ran in one native call is kept as (function, wanted,
-        # its DirectCall, its arguments, (time_us, arena, copied bytes)) until a record is asked for
+        # its DirectCall, its arguments, (time_us, arena, copied bytes, times), KV) until a record is asked for
         self._entries: list = []
         self._pending_from: int | None = None  # the first such entry, if any
         self._kept_from = 0  # records before this one are forgotten already
@@ -67,8 +67,8 @@ class CallLog:
             entries = self._entries
             for k in range(self._pending_from, len(entries)):
                 if type(entries[k]) is tuple:
-                    function, wanted, direct, args, ran = entries[k]
-                    entries[k] = CallRecord(k, function, direct.capture(args, ran), wanted, ran[0], ran[2])
+                    function, wanted, direct, args, ran, kv = entries[k]
+                    entries[k] = CallRecord(k, function, direct.capture(args, ran), wanted, ran[0], ran[2], kv=kv)
             self._pending_from = None
         return self._entries
 
@@ -87,13 +87,14 @@ class CallLog:
         self._entries.append(record)
         return record
 
-    def add_direct(self, function: str, wanted, direct, args: tuple, ran: tuple) -> None:
+    def add_direct(self, function: str, wanted, direct, args: tuple, ran: tuple, kv: Mapping | None = None) -> None:
         """The next call, run by ``direct`` (a :class:`~tvm_probe.capture.fast_call.DirectCall`)
-        with ``args``; ``ran``: ``(time_us, arena, copied bytes)`` of the run.  Its record is
-        made when first asked for (a decode loop calling thousands of times reads few of them)."""
+        with ``args``; ``ran``: ``(time_us, arena, copied bytes, times)`` of the run; ``kv``: what its KV
+        caches held after it.  Its record is made when first asked for (a decode loop calling
+        thousands of times reads few of them)."""
         if self._pending_from is None:
             self._pending_from = len(self._entries)
-        self._entries.append((function, wanted, direct, args, ran))
+        self._entries.append((function, wanted, direct, args, ran, kv))
 
     def at(self, call: int | None = None) -> CallRecord:
         """Call ``call`` (default: the last one), or a one-line error."""
@@ -119,7 +120,7 @@ class CallLog:
         for k in range(self._kept_from, end):  # (a loop forgetting often pays for its new calls only)
             record = entries[k]
             if type(record) is tuple:  # (a record never read: made forgotten)
-                function, _, _, _, (time_us, _, copied) = record
+                function, _, _, _, (time_us, _, copied, _), _ = record
                 entries[k] = CallRecord(k, function, None, set(), time_us, copied)
             else:
                 record.capture, record.values, record.kv, record.wanted = None, None, None, set()

@@ -193,7 +193,7 @@ class Constructors:
             kernel_map = build_kernel_map(model, fbuilt.snapshots)
             executable.explain(name, kernel_map)
             probes[name] = cls(model, fbuilt, kernel_map)
-        return cls.serving_functions(probes, functions.hf, executable)
+        return cls.serving_functions(probes, functions.hf, executable, functions.serving)
 
     @classmethod
     def from_imported(cls: type[P], imported: ImportedModel, target=DEFAULT_TARGET,

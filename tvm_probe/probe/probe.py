@@ -18,7 +18,7 @@ from ..capture.executor import Capture, CapturePlanner, DebugExecutor
 from ..capture.plan import CapturePlan
 from ..capture.weights_only import WeightsOnly
 from ..core.device import device_label
-from ..core.errors import NotRunError, ProbeError, UnknownNameError
+from ..core.errors import InputError, NotRunError, ProbeError, UnknownNameError
 from ..core.inputs import InputChecker
 from ..core.results import NodeInfo, Results
 from ..core.viewable import Viewable
@@ -29,7 +29,7 @@ from ..store.assemble import DumpOptions, dump_calls, dump_probe, run_streaming
 from .calls import CallArguments, CallLog, CallRecord, compare_call, compare_named
 from .construct import Constructors
 from .functions import BuiltFunctions, KVCaches
-from .generate import generate
+from .generate import generate, value_at_step
 from .nodes import show_run, static_nodes
 from .serving import ValueServer, join_build
 from .verify import verify
@@ -57,6 +57,8 @@ class Probe(Constructors, Results, Viewable):
     #: For a probe made by :meth:`from_hf`: its model, cache layout and generations
     #: (:class:`tvm_probe.importer.hf.HFModel`); None otherwise.
     hf = None
+    serving: dict = {}  #: from_nn: its config's serving sizes (``context_window_size``...: :meth:`generate`)
+    _generations = None
 
     def __init__(self, imported: ImportedModel, built: BuiltModel, kernel_map: KernelMap, remote=None,
                  precision=None):
@@ -98,11 +100,13 @@ class Probe(Constructors, Results, Viewable):
 
     # -- construction (the constructors are construct.py's) --------------------------------------
     @staticmethod
-    def serving_functions(probes: Mapping[str, "Probe"], hf=None, executable: BuiltFunctions | None = None) -> "Probe":
+    def serving_functions(probes: Mapping[str, "Probe"], hf=None, executable: BuiltFunctions | None = None,
+                          serving: Mapping[str, int] | None = None) -> "Probe":
         """The first of ``probes`` (one per function of one build, by name) made to serve them
         all: every function runs in its VM, :meth:`call` reaches each by name; ``hf``: what
         :meth:`generate` needs of a transformers causal LM (:meth:`from_hf`); ``executable``: what
-        the pipeline did to the imported functions (asking for one it renamed or removed says so)."""
+        the pipeline did to the imported functions (asking for one it renamed or removed says so);
+        ``serving``: the nn model's serving config (:attr:`serving`)."""
         first, *rest = probes.values()
         for probe in rest:
             probe._executor.share_vm(first._executor)
@@ -110,13 +114,26 @@ class Probe(Constructors, Results, Viewable):
         first._functions.executable = executable
         if hf is not None:
             first.hf = hf
+        first.serving = dict(serving or {})
         return first
 
-    def generate(self, input_ids, steps: int, capture: CaptureSpec = "all") -> list[int]:
-        """``steps`` new token ids, greedy, from the compiled executable (call 0: the prefill,
-        calls 1..steps-1: decode steps; read values with ``get(name, call=k)``).  Only for a
-        probe made by :meth:`from_hf`; :func:`tvm_probe.llm.hf.compare_generation` checks it."""
-        return generate(self, input_ids, steps, capture)
+    def generate(self, input_ids, steps: int, capture: CaptureSpec = "all", kv_cache: Mapping | None = None
+                 ) -> list[int]:
+        """``steps`` new token ids, greedy, from the compiled executable: a :meth:`from_hf` probe,
+        or a :meth:`from_nn` model with MLC-LLM's functions (``embed``, ``prefill``, ``decode``, a
+        KV cache creator), driven as MLC's runtime drives them (:mod:`tvm_probe.probe.generate`).
+        ``probe.generations[-1]`` says which call gave which token; ``get(name, step=k)`` reads
+        step ``k`` (0: the prefill).  ``kv_cache``: the creator's arguments by name
+        (``max_total_seq_len``...), over those the model's config gives (:attr:`serving`)."""
+        return generate(self, input_ids, steps, capture, kv_cache)
+
+    @property
+    def generations(self) -> list:
+        """Every :meth:`generate` of this probe, in order (:class:`~tvm_probe.probe.generate.Generation`)."""
+        if self.hf is not None:
+            return self.hf.generations
+        self._generations = self._generations or []
+        return self._generations
 
     # -- multi-function executables ------------------------------------------------------------
     @property
@@ -158,11 +175,12 @@ class Probe(Constructors, Results, Viewable):
             probe, plan, wanted, every, layouts, weights, direct = fast
             ran = direct(args) if direct else None  # the whole call in one native call (False: never)
             if ran is not None:
+                kv = KVCaches.read(args, layouts) if layouts else None  # (before the next call: see _direct)
                 if type(ran) is tuple:  # (its record's Capture is made when read)
                     self._serve_run = False
-                    self._calls.add_direct(function, wanted, direct, args, ran[1])
+                    self._calls.add_direct(function, wanted, direct, args, ran[1], kv)
                     return ran[0]
-                self._record_call(function, ran, wanted)
+                self._record_call(function, ran, wanted).kv = kv
                 return _hand_over(ran)
             if weights is not None:  # (once served, the weights-only outputs are not copied)
                 plan, every = weights.next_run(every)
@@ -202,12 +220,13 @@ class Probe(Constructors, Results, Viewable):
 
     def _direct(self, run, args: tuple, weights, layouts):
         """``run`` (a :class:`~tvm_probe.capture.fast_call.FastCall`) for later calls passing
-        arguments of the types of ``args``, in one native call each (a call of everything: once
-        ``weights`` serves the weights-only outputs, ``run`` being of its reduced plan); None
-        when the calls need Python's path (the weights-only outputs not served yet: the plan
-        changes from call to call; the KV caches are read after each call)."""
-        if layouts or (weights is not None and (weights.served is None or run.plan is not weights.reduced)):
+        arguments of the types of ``args``, in one native call each (of everything: once ``weights``
+        serves the weights-only outputs); None where the calls need Python's path."""
+        if weights is not None and (weights.served is None or run.plan is not weights.reduced):
             return None
+        held = getattr(self.imported, "held", {})
+        if layouts and any(p <= layout.param for p in held for layout in layouts):
+            return None  # (a cache after a held weight: the caller's arguments are not at its position)
         arguments = self._arguments.prepared(args)
         if arguments is None:
             return None
@@ -343,10 +362,18 @@ class Probe(Constructors, Results, Viewable):
                     self._accept(saved[0], saved[1])
                 self._capture, self._wanted, self._values = saved
 
-    def get(self, name: str, call: int | None = None) -> np.ndarray:
+    def get(self, name: str, call: int | None = None, step: int | None = None) -> np.ndarray:
         """The value of ``name``: in the last :meth:`run`, or in call ``call`` of :meth:`call`
         (default: the last call, when a call came after the last run).  Names resolve within
-        the function that call ran.  Before any :meth:`call`, the last run is call 0."""
+        the function that call ran.  Before any :meth:`call`, the last run is call 0.
+
+        ``step``: in step ``step`` of the last :meth:`generate` (0: the prefill), whichever of the
+        step's calls computes it (an MLC-style model's ``embed`` call holds ``model.embed_tokens``;
+        its ``prefill``/``decode`` call the rest)."""
+        if step is not None:
+            if call is not None:
+                raise InputError(f"get({name!r}, call={call}, step={step}): give call= or step=, not both")
+            return value_at_step(self, name, step)
         if self._serves_run(call):
             return super().get(name)
         record = self.call_record(call)

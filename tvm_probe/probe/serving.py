@@ -130,6 +130,8 @@ class ValueServer:
                 values.append(capture.inputs[arg.input_index])
             elif arg.kind is ArgKind.CONST:
                 values.append(arg.const.value.numpy())
+            elif arg.param_item is not None:  # an element of a tuple argument (packed weights)
+                values.append(as_numpy(capture.inputs[arg.param_item[0]][arg.param_item[1]]))
             else:
                 held = capture.untracked_inputs.get(site.index, {})
                 if j not in held:
@@ -142,7 +144,7 @@ class ValueServer:
     def can_recompute(capture: Capture, site) -> bool:
         """Whether ``capture`` kept every input of the call site ``site``."""
         held = capture.untracked_inputs.get(site.index, {})
-        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or j in held)
+        return all(a.node in capture.outputs if a.kind is ArgKind.NODE else (a.kind is not ArgKind.UNTRACKED or a.param_item is not None or j in held)
                    for j, a in enumerate(site.args))
 
 

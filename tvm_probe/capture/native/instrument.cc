@@ -945,8 +945,29 @@ ffi::Function MakeInstrument(int64_t id) {
       });
 }
 
+/*!
+ * \brief Whether objects of type `index` are TVM's KV states (`relax.vm.KVState`: the paged KV
+ * cache, the RNN state), which hold memory they allocated themselves (pages, states) and copy what
+ * they are given into it: a decode step returns its cache, which refers to no caller's tensor.
+ */
+bool IsKVState(int32_t index) {
+  static std::mutex mutex;
+  static std::unordered_map<int32_t, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(index);
+  if (found != known.end()) return found->second;
+  bool state = false;
+  const TVMFFITypeInfo* info = TVMFFIGetTypeInfo(index);
+  for (int32_t depth = 0; info != nullptr && depth <= info->type_depth && !state; ++depth) {
+    const TVMFFITypeInfo* type = depth < info->type_depth ? info->type_ancestors[depth] : info;
+    state = std::string(type->type_key.data, type->type_key.size) == "relax.vm.KVState";
+  }
+  return known[index] = state;
+}
+
 /*! \brief Whether `value` may hold memory in [start, end): a tensor in it, or an object
- * whose references cannot be seen (anything but tensors, shapes, strings, POD and arrays). */
+ * whose references cannot be seen (anything but tensors, shapes, strings, POD, arrays and
+ * TVM's KV states). */
 bool MayRefer(const ffi::AnyView& value, uintptr_t start, uintptr_t end) {
   int32_t index = value.type_index();
   if (index < ffi::TypeIndex::kTVMFFIStaticObjectBegin) {
@@ -967,7 +988,7 @@ bool MayRefer(const ffi::AnyView& value, uintptr_t start, uintptr_t end) {
     }
     return false;
   }
-  return true;
+  return !IsKVState(index);
 }
 
 /*! \brief Whether `value` may hold memory of tensor `t` (see MayRefer). */
