@@ -129,7 +129,6 @@ def test_a_full_disk_during_a_dump_loses_nothing(small_dump, tmp_path):
         import resource, signal, sys
         sys.path.insert(0, {str(SUPPORT.parent)!r})  # tests/, where the support package is
         from support.models import folding_model
-from support.processes import run_signalling_itself
         from tvm_probe import Probe, DumpError
         model, inputs = folding_model()
         probe = Probe.from_onnx(model)
