@@ -23,10 +23,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 #: Why a test that sends SIGINT to its own process runs in a process of its own: the signal lands
 #: wherever the interpreter is (in one CI run, inside hypothesis's gc callback: "Exception ignored
 #: ... KeyboardInterrupt"), and what it interrupts stays broken for the tests that share the worker.
-#: The same CI run failed a later TVM error in another test with CPython's "SystemError: AST
-#: constructor recursion depth mismatch" (tvm_ffi compiles an AST for each frame of a TVM error's
-#: traceback; an exception in the middle of CPython 3.11's AST conversion can leave its depth counter
-#: off) — suspected to follow from such a signal, not reproduced.
+#: (That CI run also failed a TVM pass-bug test with CPython's "AST constructor recursion depth
+#: mismatch"; it failed the same way with these tests moved out, so that has another cause, open.)
 SIGNALS_ITSELF = "sends SIGINT to its own process"
 
 
